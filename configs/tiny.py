@@ -1,0 +1,81 @@
+"""Tiny MLA/MoE config: runs in seconds on CPU. Every hyperparameter lives here (SPEC §1, §8).
+
+Field names follow DeepSeek-V3's Hugging Face config where one exists (see
+`horizon.model.hf_import` for the mapping).
+"""
+
+import ml_collections
+
+
+def model_config() -> ml_collections.ConfigDict:
+    m = ml_collections.ConfigDict()
+    m.vocab_size = 320            # ByteTokenizer: 256 bytes + specials
+    m.d_model = 64                # HF hidden_size
+    m.num_layers = 3              # HF num_hidden_layers
+    m.first_k_dense = 1           # HF first_k_dense_replace
+    m.num_heads = 4               # HF num_attention_heads
+    m.q_lora_rank = 32            # 0 = full-rank q projection (HF q_lora_rank=None)
+    m.kv_lora_rank = 32
+    m.qk_nope_head_dim = 16
+    m.qk_rope_head_dim = 8
+    m.v_head_dim = 16
+    m.mlp_dim = 128               # dense SwiGLU width (HF intermediate_size)
+    m.moe_mlp_dim = 32            # per-expert width (HF moe_intermediate_size)
+    m.num_experts = 8             # HF n_routed_experts
+    m.num_shared_experts = 1      # HF n_shared_experts
+    m.num_experts_per_tok = 2     # top-k
+    m.n_group = 2                 # group-limited routing: groups of experts
+    m.topk_group = 1              # groups kept per token (n_group == topk_group disables it)
+    m.norm_topk_prob = True
+    m.routed_scaling_factor = 2.5
+    m.router_bias_update_rate = 1e-3  # aux-loss-free balancing step (DeepSeek-V3 gamma)
+    m.replay_plausibility_ratio = 0.0  # 0 disables the router-replay plausibility filter
+    m.rms_norm_eps = 1e-6
+    m.rope_theta = 10000.0
+    m.max_seq_len = 512           # HF max_position_embeddings
+    m.rope_scaling = ml_collections.ConfigDict(
+        dict(type="none", factor=1.0, original_max_position_embeddings=512,
+             beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.0))
+    m.mtp_depth = 0               # number of MTP modules (0 = none)
+    m.tie_embeddings = False
+    m.init_std = 0.02
+    m.dtype = "float32"           # compute dtype
+    m.param_dtype = "float32"
+    m.moe_precision = "bf16"      # "bf16" | "mxfp8" | "nvfp4" | "nvfp4_per_token_fwd_mxfp8_bwd" (SPEC §3)
+    return m
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.model = model_config()
+
+    c.data = ml_collections.ConfigDict()
+    c.data.tokenizer = "byte"     # "byte" or a local HF tokenizer path
+    c.data.sources = ["src", "experiments", "configs", "tests"]  # the repo's own code
+    c.data.extensions = [".py", ".md", ".cfg", ".toml", ".sh"]
+    c.data.heldout_fraction = 0.1  # files (by hash) held out for eval loss
+    c.data.seq_len = 128
+    c.data.batch_size = 8
+    c.data.shuffle_seed = 0
+    c.data.worker_count = 0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 300
+    c.train.lr = 3e-3
+    c.train.warmup_steps = 20
+    c.train.min_lr_ratio = 0.1
+    c.train.weight_decay = 0.01
+    c.train.b1 = 0.9
+    c.train.b2 = 0.95
+    c.train.eps = 1e-8
+    c.train.grad_clip = 1.0
+    c.train.mtp_loss_weight = 0.1
+    c.train.mtp_freeze_trunk = False
+    c.train.log_every = 10
+    c.train.eval_every = 50
+    c.train.eval_batches = 4
+    c.train.checkpoint_every = 100
+    c.train.max_checkpoints = 2
+    c.train.output_dir = "runs/pretrain_tiny"
+    return c

@@ -1,0 +1,44 @@
+"""Config helpers: load sibling ml_collections config files and dump configs.
+
+Config files in `configs/` are plain Python files returning a `ConfigDict` from
+`get_config()`. They are loaded by path (as `ml_collections.config_flags` does), so a
+config that extends another one loads it through `sibling_config` instead of a
+package import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+from typing import Any
+
+import ml_collections
+
+
+def load_config_file(path: str | pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDict:
+    """Import `path` and return its `get_config()` (or `get_config(arg)`)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"_horizon_cfg_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise AttributeError(f"{path} defines no get_config()")
+    return module.get_config(arg) if arg is not None else module.get_config()
+
+
+def sibling_config(this_file: str, name: str) -> ml_collections.ConfigDict:
+    """Load `name` (e.g. "tiny.py") from the same folder as `this_file`."""
+    return load_config_file(pathlib.Path(this_file).with_name(name))
+
+
+def config_to_dict(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    return json.loads(cfg.to_json_best_effort())
+
+
+def dump_config(cfg: ml_collections.ConfigDict, path: str | pathlib.Path) -> None:
+    """Write the resolved config as JSON (every run dir gets one, for reproducibility)."""
+    pathlib.Path(path).write_text(json.dumps(config_to_dict(cfg), indent=2, sort_keys=True))

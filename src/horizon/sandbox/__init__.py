@@ -1,1 +1,35 @@
-"""horizon.sandbox."""
+"""horizon.sandbox: stateful, forkable execution environments for rollouts (SPEC §5).
+
+    from horizon.sandbox import open_sandbox
+    with open_sandbox("docker", "horizon-sandbox:base", default_timeout=30) as sb:
+        sb.exec("python3 -c 'print(1)'")
+
+`DockerSandbox` is imported lazily (it needs the docker SDK); see envs/README.md.
+"""
+
+from horizon.sandbox.base import (
+    DEFAULT_BASE_IMAGE,
+    PROJECT_LABEL,
+    TRUNCATION_MARKER,
+    WORKSPACE,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxFileNotFoundError,
+)
+from horizon.sandbox.factory import BACKENDS, docker_available, open_sandbox
+from horizon.sandbox.local import LocalSandbox
+
+__all__ = [
+    "BACKENDS", "DEFAULT_BASE_IMAGE", "PROJECT_LABEL", "TRUNCATION_MARKER", "WORKSPACE",
+    "DockerSandbox", "ExecResult", "LocalSandbox", "Sandbox", "SandboxError",
+    "SandboxFileNotFoundError", "cleanup_leaked", "docker_available", "open_sandbox",
+]
+
+
+def __getattr__(name):
+    if name in ("DockerSandbox", "cleanup_leaked"):
+        from horizon.sandbox import docker as _docker  # noqa: PLC0415
+
+        return getattr(_docker, name)
+    raise AttributeError(f"module 'horizon.sandbox' has no attribute {name!r}")

@@ -9,15 +9,65 @@ laptops without Docker).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Protocol, runtime_checkable
 
 WORKSPACE = "/workspace"
 PROJECT_LABEL = "horizon.sandbox"  # label key set on every container/image we create
 TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
 
+# Defaults shared by both backends (callers normally pass values from their config).
+DEFAULT_BASE_IMAGE = os.environ.get("HORIZON_BASE_IMAGE", "horizon-sandbox:base")
+DEFAULT_TIMEOUT_S = 60.0            # per-exec wall-clock limit when `exec(timeout=None)`
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024  # bytes of output kept per exec (head + tail)
+KILL_GRACE_S = 2                    # `timeout -k`: SIGKILL this long after SIGTERM
+TIMEOUT_EXIT_CODES = (124, 137)     # GNU timeout: 124 after SIGTERM, 137 after SIGKILL
+
 
 class SandboxError(RuntimeError):
     """A sandbox operation failed (dead container, missing file, engine error)."""
+
+
+class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
+    """`read_file` on a path that does not exist in the sandbox (catch either base)."""
+
+
+class OutputBuffer:
+    """Keeps the first and last `max_bytes // 2` bytes of a stream (SPEC §5 output limits).
+
+    Tools show the model the head (the command's start, e.g. a traceback's first frames)
+    and the tail (the final error / summary) with a visible `TRUNCATION_MARKER` between.
+    """
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 2:
+            raise ValueError(f"max_output_bytes must be >= 2, got {max_bytes}")
+        self.head_cap = max_bytes // 2
+        self.tail_cap = max_bytes - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > self.tail_cap:
+                del self.tail[: len(self.tail) - self.tail_cap]
+
+    def result(self) -> tuple[str, bool]:
+        """(text, truncated): the kept bytes decoded as UTF-8 (invalid bytes replaced)."""
+        omitted = self.total - len(self.head) - len(self.tail)
+        if omitted <= 0:
+            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace"), False
+        text = (bytes(self.head).decode("utf-8", "replace")
+                + TRUNCATION_MARKER.format(omitted=omitted)
+                + bytes(self.tail).decode("utf-8", "replace"))
+        return text, True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,42 @@
+"""Agent-loop config (SPEC §5, §6): tiny model + an `agent` sub-config with every agent knob.
+
+Token counts are in tokenizer ids (bytes for the ByteTokenizer). `agent_config()` is
+importable on its own for tests and other configs.
+"""
+
+import ml_collections
+
+from horizon.utils.config import sibling_config
+
+
+def agent_config() -> ml_collections.ConfigDict:
+    a = ml_collections.ConfigDict()
+    a.max_turns = 40                  # assistant (non-summary) turns before the episode ends
+    a.max_total_tokens = 200_000      # budget on model-generated tokens over the whole chain
+    a.max_context_tokens = 16_384     # hard context limit (model max length); "context_full" past it
+    a.max_new_tokens = 1024           # per ordinary assistant turn
+    a.context_strategy = "self_summary"  # "self_summary" | "prompt_compaction" | "sliding_window" | "none"
+    a.trigger_tokens = 8192           # compaction trigger on the current context length (SPEC §6 step 1)
+    a.summary_max_tokens = 1024       # self-summary generation limit (scratch thinking + summary)
+    a.compaction_max_tokens = 4096    # prompt_compaction baseline's (longer) summary limit
+    a.sliding_window_keep_fraction = 0.75  # sliding_window drops oldest turns to below this * trigger
+    a.tool_timeout_s = 30.0           # default run_shell / helper-command timeout
+    a.max_tool_timeout_s = 120.0      # cap on a model-requested run_shell timeout
+    a.max_observation_bytes = 8192    # tool output clipped (head + tail kept) to this size
+    a.strict_tools = True             # strict argument checking (training); False = lenient
+    a.max_malformed_calls = 3         # episode ends when this many turns failed to parse
+    a.num_tool_workers = 8            # threads executing tool calls of a lockstep batch
+    a.include_file_listing = True     # the task message shows the top of the workspace tree
+    a.file_listing_max_bytes = 1024
+    a.tool_sets = ml_collections.ConfigDict(dict(
+        default=["read_file", "edit_file", "run_shell", "grep", "list_dir", "todo_write"],
+        question=["read_file", "run_shell", "grep", "list_dir"],   # answer-only tasks: no editing
+        recall=["read_file", "run_shell", "grep", "list_dir", "edit_file"],
+    ))
+    return a
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sibling_config(__file__, "tiny.py")
+    c.agent = agent_config()
+    return c

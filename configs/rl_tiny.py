@@ -1,0 +1,92 @@
+"""Tiny RL config: configs/tiny.py plus every RL hyperparameter under `c.rl` (SPEC §4).
+
+Loss/KL semantics are documented in `horizon.rl.losses`; the length penalty curve and
+behaviour hooks in `horizon.rl.rewards`.
+"""
+
+import ml_collections
+
+from horizon.utils.config import sibling_config
+
+
+def rl_config() -> ml_collections.ConfigDict:
+    r = ml_collections.ConfigDict()
+    r.group_size = 4              # rollouts (or summary chains) per prompt, fixed
+    # --- policy gradient (horizon.rl.losses.policy_gradient_loss)
+    r.loss_agg = "token_sum"      # "token_sum" (Dr.GRPO, no length norm) | "seq_mean" | "token_mean"
+    r.token_sum_norm = 0.0        # divisor for token_sum; 0 = number of rows (a batch constant)
+    r.std_normalize = False       # divide advantages by group std (GRPO ablation; report: off)
+    r.adv_std_eps = 1e-6          # only used with std_normalize
+    r.clip_eps = 0.0              # PPO ratio clip; 0 / None = off
+    r.overlong_mask = False       # drop truncated rollouts from the loss (ablation; report: off)
+    # --- KL(q||p) to the reference policy
+    r.kl_coef = 1e-3              # beta; 0 disables (no reference forward needed)
+    r.kl_estimator = "k1"         # "k1" (report) | "k2" | "k3"
+    r.kl_mode = "reward"          # "reward" (detached reward-to-go in the advantage; unbiased with k1)
+    #                               | "reward_token" (per-token penalty) | "loss" (naive term, ablation)
+    r.kl_across_segments = True   # "reward" mode: charge a chain segment the KL of later segments too
+    # --- nonlinear length penalty: scale * f(x; k, q), x = weighted effort
+    lp = ml_collections.ConfigDict()
+    lp.enabled = True
+    lp.k = 1e-3                   # bend point ~ 1/k effort units
+    lp.q = 0.5                    # curvature: 0 linear, (0,1) power, 1 log, >1 saturating
+    lp.scale = 2e-5               # penalty ≈ 0.09 at x = 1e4 (k, q above)
+    lp.weights = ml_collections.ConfigDict(dict(
+        thinking=1.0,             # per thinking token
+        tool_call=1.0,            # per tool-call token
+        tool_output=0.25,         # per tool-output token (not generated, but costs context/latency)
+        final=1.0,                # per final-message token
+        tool_calls=50.0,          # per tool call (round-trip latency)
+        turns=20.0,               # per turn
+    ))
+    r.length_penalty = lp
+    # --- behaviour reward weights (horizon.rl.rewards.BEHAVIOUR_HOOKS; hooks are signed)
+    r.behaviour = ml_collections.ConfigDict(dict(
+        unfinished_todos=0.05,    # per todo created and not completed
+        malformed_calls=0.02,     # per malformed tool call
+    ))
+    return r
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sibling_config(__file__, "tiny.py")
+    c.rl = rl_config()
+    _add_trainer_fields(c)
+    return c
+
+
+# ============================================================================= RL trainer block
+# Owned by the RL-trainer code (horizon.rl.{sampler,batch,trainer,prompts}); appended here so
+# the loss section above stays untouched.
+def _add_trainer_fields(c: ml_collections.ConfigDict) -> None:
+    r = c.rl
+    # --- sampler (horizon.rl.sampler.generate); logprobs are always the untempered model's
+    r.sampler = ml_collections.ConfigDict(dict(
+        temperature=1.0,          # 0 = greedy; != 1 makes samples off-policy w.r.t. the trained logprobs
+        top_p=1.0,                # nucleus mass; 1 = full distribution
+        min_batch_bucket=1,       # compile-shape buckets (powers of two >= these)
+        min_prompt_bucket=64,
+        min_new_bucket=32,
+    ))
+    # --- batch layout (horizon.rl.batch.build_batch)
+    r.batch = ml_collections.ConfigDict(dict(
+        min_rows=8,               # row bucket minimum (rows = segments of all chains)
+        min_seq=64,               # sequence bucket minimum
+        min_groups=1,
+        truncated_reasons=("token_budget", "context_full", "max_steps"),  # agent end reasons = truncated
+    ))
+    # --- train step (horizon.rl.trainer.train_step)
+    r.router_replay = True        # replay inference-time experts in the trainer forward (SPEC §4.1)
+    r.update_router_bias = True   # aux-loss-free bias update from the (real-token) router load
+    r.use_reference = True        # keep a frozen copy of the initial params as the KL reference
+    # Adam on all parameters (SPEC §4): same fields as c.train, read by horizon.train.optim
+    r.optim = ml_collections.ConfigDict(dict(
+        steps=1000, lr=1e-5, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.0,
+        b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
+    ))
+    # --- prompt sampler (horizon.rl.prompts): single epoch + late hard-prompt oversampling
+    r.prompts_per_step = 2
+    r.hard_prompt_start_step = -1     # step from which hard prompts are oversampled (-1 = never)
+    r.hard_prompt_weight = 1.0        # p(prompt) ~ exp(weight * (hardness - 1))
+    r.hard_prompt_turns_weight = 1.0  # hardness mixes turns ...
+    r.hard_prompt_thinking_weight = 1.0  # ... and thinking tokens (each relative to the global mean)

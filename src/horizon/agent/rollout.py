@@ -1,0 +1,326 @@
+"""The agent loop as a resumable state machine (SPEC §5, §6).
+
+`Episode` holds one rollout: `context_tokens()` is what to generate from, `step(gen)`
+parses the generated turn, executes the tool call in the sandbox, appends the
+observation and compacts the context when the trigger is reached. The RL driver can
+therefore batch generation over many episodes (`run_episodes`). A rollout is a chain
+of `Segment`s: a new segment starts whenever the context is rewritten (summary or
+window drop); every model token of every segment is in the loss mask.
+
+Stats (exact keys, see AGENT_TASK_CONTRACT.md): every generated token is counted in
+exactly one of thinking_tokens (`<think>` blocks, and all summary-turn tokens),
+tool_call_tokens (the rest of call turns and of malformed turns) and final_tokens
+(the rest of the final turn); tool_output_tokens counts observation tokens.
+
+End reasons: "final", "max_turns", "token_budget" (generated tokens over the chain),
+"malformed" (max_malformed_calls unparsable turns), "context_full" (the hard context
+limit leaves no room to generate), "max_steps" (driver limit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from jaxtyping import Bool, Float, Int
+
+from horizon.agent.prompt import Message, render, system_prompt, task_text
+from horizon.agent.summarize import ContextState, make_strategy
+from horizon.tools.format import ParseError, parse_action, parse_summary
+from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
+
+STATS_KEYS = ("thinking_tokens", "tool_call_tokens", "tool_output_tokens", "final_tokens", "tool_calls",
+              "turns", "summaries", "todos_created", "todos_completed", "malformed_calls")
+STRATEGIES = ("self_summary", "prompt_compaction", "sliding_window", "none")
+
+
+@dataclasses.dataclass
+class Generation:
+    """One generated turn from the policy. Generation stops at END_TURN/EOS (included)."""
+
+    tokens: Int[np.ndarray, "m"]
+    logprobs: Float[np.ndarray, "m"]
+    router_indices: Any = None          # int32[L_moe, m, k] or None
+    policy_version: Any = 0             # int, or int32[m] per token (in-flight weight updates)
+
+    def versions(self) -> np.ndarray:
+        v = np.asarray(self.policy_version, np.int32)
+        return np.full(len(self.tokens), int(v), np.int32) if v.ndim == 0 else v
+
+
+Policy = Callable[[list, int], list]   # policy(contexts: list[int32[n]], max_new_tokens) -> list[Generation]
+
+
+@dataclasses.dataclass
+class Segment:
+    """One trainer row of a chain: a context and the model tokens in it."""
+
+    tokens: Int[np.ndarray, "n"]
+    loss_mask: Bool[np.ndarray, "n"]
+    logprobs: Float[np.ndarray, "n"]
+    policy_versions: Int[np.ndarray, "n"]
+    router_indices: Any = None          # int32[L_moe, n, k] (-1 off the generated tokens) or None
+
+
+@dataclasses.dataclass
+class Trajectory:
+    task_id: str
+    segments: list[Segment]
+    final_answer: str
+    stats: dict[str, int]
+    end_reason: str
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return int(sum(s.loss_mask.sum() for s in self.segments))
+
+
+def validate_agent_config(cfg) -> None:
+    if cfg.context_strategy not in STRATEGIES:
+        raise ValueError(f"context_strategy must be one of {STRATEGIES}, got {cfg.context_strategy!r}")
+    for k in ("max_turns", "max_total_tokens", "max_context_tokens", "max_new_tokens", "trigger_tokens",
+              "summary_max_tokens", "compaction_max_tokens", "max_observation_bytes", "max_malformed_calls"):
+        if int(cfg[k]) <= 0:
+            raise ValueError(f"agent config {k} must be positive, got {cfg[k]}")
+    if cfg.trigger_tokens >= cfg.max_context_tokens:
+        raise ValueError(f"trigger_tokens ({cfg.trigger_tokens}) must be below max_context_tokens "
+                         f"({cfg.max_context_tokens})")
+
+
+def _clip_generation(gen: Generation, tok) -> Generation:
+    """Cut anything after the first END_TURN/EOS (the policy should already stop there)."""
+    toks = np.asarray(gen.tokens, np.int32).reshape(-1)
+    lps = np.asarray(gen.logprobs, np.float32).reshape(-1)
+    if lps.shape != toks.shape:
+        raise ValueError(f"Generation logprobs shape {lps.shape} != tokens shape {toks.shape}")
+    stop = np.nonzero((toks == tok.END_TURN) | (toks == tok.EOS))[0]
+    n = int(stop[0]) + 1 if len(stop) else len(toks)
+    ri = None if gen.router_indices is None else np.asarray(gen.router_indices, np.int32)[:, :n]
+    if ri is not None and ri.shape[1] != n:
+        raise ValueError(f"router_indices covers {ri.shape[1]} tokens, generation has {n}")
+    vers = gen.versions()
+    if vers.shape[0] < n:
+        raise ValueError(f"policy_version has {vers.shape[0]} entries for {n} tokens")
+    return Generation(toks[:n], lps[:n], ri, vers[:n])
+
+
+class Episode:
+    """One rollout as a state machine: context_tokens() -> policy -> step(gen) ... until done."""
+
+    def __init__(self, task, sandbox, registry: ToolRegistry, tokenizer, cfg):
+        validate_agent_config(cfg)
+        self.task, self.sandbox, self.registry, self.tok, self.cfg = task, sandbox, registry, tokenizer, cfg
+        self.strategy = make_strategy(cfg)
+        self.tool_state = ToolState()
+        self.ctx = ToolContext(sandbox, self.tool_state, timeout_s=float(cfg.tool_timeout_s),
+                               max_timeout_s=float(cfg.max_tool_timeout_s),
+                               max_observation_bytes=int(cfg.max_observation_bytes))
+        self.stats = {k: 0 for k in STATS_KEYS}
+        self.segments: list[Segment] = []
+        self.final_answer = ""
+        self.end_reason = ""
+        self.done = False
+        self.phase = "act"                   # "act" | "summarize"
+        self._pending_call = None            # parsed (name, args) awaiting execute_pending()
+        self.generated_tokens = 0
+        listing = self._file_listing() if cfg.include_file_listing else None
+        self.messages = [Message("system", system_prompt(registry), kind="system"),
+                         Message("user", task_text(task, listing), kind="task")]
+
+    # -- context ---------------------------------------------------------------------------
+    def _file_listing(self) -> str | None:
+        try:
+            res = self.sandbox.exec("find /workspace -mindepth 1 -maxdepth 2 -name '.*' -prune -o -print | LC_ALL=C sort",
+                                    timeout=self.cfg.tool_timeout_s)
+        except Exception:
+            return None
+        return truncate_text(res.output.strip(), int(self.cfg.file_listing_max_bytes)) if res.ok else None
+
+    def _measure(self, messages) -> int:
+        return len(render(messages, self.tok, add_generation_prompt=True).tokens)
+
+    def context_tokens(self) -> Int[np.ndarray, "n"]:
+        """The ids to generate from (ends with a bare ASSISTANT token)."""
+        return render(self.messages, self.tok, add_generation_prompt=True).tokens
+
+    def max_new_tokens(self) -> int:
+        """Generation limit for the next turn (summary turns get the strategy's limit)."""
+        limit = self.strategy.summary_max_tokens if self.phase == "summarize" else int(self.cfg.max_new_tokens)
+        room = int(self.cfg.max_context_tokens) - len(self.context_tokens())
+        return max(0, min(limit, room))
+
+    # -- transitions -----------------------------------------------------------------------
+    def _finish(self, reason: str) -> None:
+        if self.done:
+            return
+        self.done, self.end_reason = True, reason
+        self._close_segment()
+        self.stats["todos_created"] = self.tool_state.todos_created
+        self.stats["todos_completed"] = self.tool_state.todos_completed
+
+    def _close_segment(self) -> None:
+        r = render(self.messages, self.tok)
+        self.segments.append(Segment(r.tokens, r.loss_mask, r.logprobs, r.policy_versions, r.router_indices))
+
+    def _observe(self, text: str) -> None:
+        self.messages.append(Message("observation", text))
+        self.stats["tool_output_tokens"] += len(self.tok.encode(text))
+
+    def step(self, gen: Generation, *, defer_tools: bool = False) -> None:
+        """Consume one generated turn: parse, execute the tool call in the sandbox, append the
+        observation, check end conditions and compaction (no-op when done). With
+        `defer_tools=True` the parsed call waits for `after_tools()` (drivers run those in threads)."""
+        if self.done:
+            return
+        gen = _clip_generation(gen, self.tok)
+        m = len(gen.tokens)
+        self.generated_tokens += m
+        self.messages.append(Message("assistant", tokens=gen.tokens, logprobs=gen.logprobs,
+                                     router_indices=gen.router_indices, policy_versions=gen.versions()))
+        text = self.tok.decode(gen.tokens)
+        if self.phase == "summarize":
+            self._after_summary(text, m)
+        else:
+            self._after_action(text, m)
+        if self.done:
+            return
+        if self._pending_call is None:
+            self._post_turn()
+        elif not defer_tools:
+            self.after_tools()
+
+    def _post_turn(self) -> None:
+        """End conditions, then the compaction check (SPEC §6 step 1)."""
+        if self.generated_tokens >= int(self.cfg.max_total_tokens):
+            return self._finish("token_budget")
+        if self.phase == "act" and self.stats["turns"] >= int(self.cfg.max_turns):
+            return self._finish("max_turns")
+        self._maybe_compact()
+        if not self.done and self.max_new_tokens() <= 0:
+            self._finish("context_full")
+
+    def _think_tokens(self, thinking: str, m: int) -> int:
+        return min(m, len(self.tok.encode(f"<think>{thinking}</think>"))) if thinking else 0
+
+    def _after_action(self, text: str, m: int) -> None:
+        self.stats["turns"] += 1
+        act = parse_action(text)
+        think = self._think_tokens(act.thinking, m)
+        self.stats["thinking_tokens"] += think
+        if isinstance(act, ParseError):
+            self.stats["tool_call_tokens"] += m - think
+            self.stats["malformed_calls"] += 1
+            self._observe(act.observation())
+            if self.stats["malformed_calls"] >= int(self.cfg.max_malformed_calls):
+                self._finish("malformed")
+            return
+        if act.kind == "final":
+            self.stats["final_tokens"] += m - think
+            self.final_answer = act.final
+            return self._finish("final")
+        self.stats["tool_call_tokens"] += m - think
+        self.stats["tool_calls"] += 1
+        self._pending_call = (act.name, act.args)
+
+    def execute_pending(self) -> None:
+        """Run the parsed tool call and append its observation."""
+        call = self._pending_call
+        if call is None:
+            return
+        self._pending_call = None
+        res = self.registry.execute(call[0], call[1], self.ctx)
+        self._observe(res.output)
+
+    def _after_summary(self, text: str, m: int) -> None:
+        self.stats["thinking_tokens"] += m      # summary turns count as thinking (see module doc)
+        parsed = parse_summary(text)
+        summary = None if isinstance(parsed, ParseError) else parsed[1]
+        if summary is None:
+            self.stats["malformed_calls"] += 1
+        self._close_segment()
+        state = ContextState(self.messages, self.stats["summaries"], self.stats["turns"],
+                             int(self.cfg.max_turns), self.tool_state.remaining_todos())
+        self.messages = self.strategy.compact(state, summary, self._measure)
+        self.stats["summaries"] += 1
+        self.phase = "act"
+        if self.stats["malformed_calls"] >= int(self.cfg.max_malformed_calls):
+            self._finish("malformed")
+
+    def _maybe_compact(self) -> None:
+        if self.phase != "act":
+            return
+        n = len(self.context_tokens())
+        if not self.strategy.should_compact(n):
+            return
+        q = self.strategy.query()
+        if q is not None:
+            self.messages.append(q)
+            self.phase = "summarize"
+            return
+        state = ContextState(self.messages, self.stats["summaries"], self.stats["turns"],
+                             int(self.cfg.max_turns), self.tool_state.remaining_todos())
+        new = self.strategy.compact(state, None, self._measure)
+        if len(new) < len(self.messages):   # something dropped: the old context becomes a segment
+            self._close_segment()
+            self.messages = new
+
+    def after_tools(self) -> None:
+        """Execute a deferred tool call, then the end-condition and compaction checks."""
+        if self.done or self._pending_call is None:
+            return
+        self.execute_pending()
+        self._post_turn()
+
+    def trajectory(self) -> Trajectory:
+        if not self.done:
+            raise RuntimeError("episode is not done; call trajectory() after it ends")
+        return Trajectory(str(getattr(self.task, "id", "")), list(self.segments), self.final_answer,
+                          dict(self.stats), self.end_reason)
+
+
+def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int,
+                 num_tool_workers: int = 1) -> list[Trajectory]:
+    """Drive episodes in lockstep: one batched policy call per distinct generation limit per
+    step, then all tool calls (in `num_tool_workers` threads). Returns their trajectories."""
+    pool = ThreadPoolExecutor(num_tool_workers) if num_tool_workers > 1 else None
+    try:
+        for _ in range(max_steps):
+            active = [e for e in episodes if not e.done]
+            if not active:
+                break
+            groups: dict[int, list[Episode]] = {}
+            for e in active:
+                groups.setdefault(e.max_new_tokens(), []).append(e)
+            for limit, eps in groups.items():
+                gens = policy([e.context_tokens() for e in eps], limit)
+                if len(gens) != len(eps):
+                    raise ValueError(f"policy returned {len(gens)} generations for {len(eps)} contexts")
+                for e, g in zip(eps, gens):
+                    e.step(g, defer_tools=True)
+            todo = [e for e in active if not e.done]
+            if pool is not None:
+                list(pool.map(lambda e: e.after_tools(), todo))
+            else:
+                for e in todo:
+                    e.after_tools()
+        for e in episodes:
+            e._finish("max_steps")
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return [e.trajectory() for e in episodes]
+
+
+def rollout(policy: Policy, task, sandbox, cfg, *, registry: ToolRegistry | None = None,
+            tokenizer=None, max_steps: int | None = None) -> Trajectory:
+    """One episode of `task` in `sandbox` (left open for the verifier; the caller closes it).
+    `cfg` is the `agent` sub-config."""
+    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.tools.builtin import registry_for
+
+    registry = registry if registry is not None else registry_for(cfg, getattr(task, "kind", None))
+    ep = Episode(task, sandbox, registry, tokenizer or ByteTokenizer(), cfg)
+    steps = max_steps if max_steps is not None else 2 * (int(cfg.max_turns) + int(cfg.max_malformed_calls)) + 8
+    return run_episodes(policy, [ep], max_steps=steps)[0]

@@ -1,0 +1,314 @@
+"""RL losses: group advantages, Dr.GRPO policy gradient, KL(q||p) estimators (SPEC §4).
+
+Conventions (used everywhere in this module):
+
+* ``q`` is the policy being trained (its log-probs are ``logprobs``, differentiable) and
+  the distribution the tokens were sampled from (up to the sampler/trainer mismatch
+  handled by the importance ratio). ``p`` is the frozen reference policy
+  (``ref_logprobs``, constant). The regulariser is ``KL(q || p) = E_{x~q}[-log r(x)]``
+  with ``r = p / q``, i.e. ``log r = ref_logprobs - logprobs``.
+* KL estimators of one sample (Schulman's naming):
+  ``k1 = -log r``, ``k2 = 0.5 (log r)^2``, ``k3 = (r - 1) - log r``.
+  Under ``x ~ q``: ``E[k1] = E[k3] = KL(q||p)`` (unbiased values), ``k2`` is biased.
+
+How the KL enters the gradient (``kl_mode``; SPEC §4 caveat). For sequences
+``y = (y_1..y_T) ~ q`` the exact gradient of the sequence-level KL is
+``∇KL = E[ Σ_t ∇log q(y_t|y_<t) · Σ_{t'>=t} k1_{t'} ]`` (score function with causal
+reward-to-go; the pathwise part ``E[Σ_t ∇k1_t] = E[Σ_t ∇log q_t] = 0`` is dropped).
+
+* ``"reward"`` (default): the *detached* estimator is summed over the current and all
+  later valid tokens of the row (reward-to-go; for summary chains optionally also over
+  all later segment rows of the same chain) and subtracted from the per-token advantage:
+  ``A_t = A - β · stopgrad(Σ_{t'>=t} k_{t'})``. With ``k1`` its expected gradient is
+  exactly ``β ∇KL(q||p)`` (tested on a categorical and a two-step policy). With ``k2``/
+  ``k3`` this mode is biased (their score-function gradient is not ∇KL).
+* ``"reward_token"``: same but with the per-token penalty only, ``A_t = A - β·sg(k_t)``.
+  With ``k1`` this is ``Σ_t ∇_θ KL(q(·|y_<t) || p(·|y_<t))`` with the prefix distribution
+  held fixed: exact for one-step (bandit) policies, biased for the sequence KL (it
+  ignores how earlier tokens change later KL terms); lower variance.
+* ``"loss"`` (ablation, the naive form): ``β · agg(k_t)`` added to the loss as a plain
+  differentiable term. Expected gradients under ``x ~ q``: ``k1`` → **zero**
+  (``E_q[∇log q] = 0``), ``k3`` → ``∇KL(p||q)`` (the *other* KL), ``k2`` →
+  ``E_q[k1 ∇log q]`` = the ``"reward_token"``/k1 gradient.
+
+Loss aggregation (``agg``), with per-token surrogate ``s_it`` and valid mask ``m_it``,
+``R`` = number of rows (static leading dim) or ``token_sum_norm`` when given:
+
+* ``"token_sum"`` (default, Dr.GRPO): ``-(1/R) Σ_i Σ_t m_it s_it``. No length
+  normalisation: a response twice as long gets twice the gradient weight.
+* ``"seq_mean"`` (GRPO ablation): ``-(1/#nonempty rows) Σ_i (Σ_t m_it s_it / Σ_t m_it)``.
+* ``"token_mean"`` (DAPO ablation): ``-Σ_i Σ_t m_it s_it / Σ_i Σ_t m_it``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_MODES = ("reward", "reward_token", "loss")
+LOSS_AGGS = ("token_sum", "seq_mean", "token_mean")
+
+
+# ----------------------------------------------------------------------------- advantages
+def group_advantages(
+    rewards: Float[Array, "n"] | Float[Array, "groups group_size"],
+    *,
+    group_size: int | None = None,
+    std_normalize: bool = False,
+    eps: float = 1e-6,
+) -> Float[Array, "n"] | Float[Array, "groups group_size"]:
+    """Reward minus its group mean (SPEC §4, Dr.GRPO); same shape as ``rewards``.
+
+    ``rewards`` is ``[groups, group_size]`` or flat ``[groups*group_size]`` (consecutive
+    entries form a group; then ``group_size`` is required). ``std_normalize`` divides by
+    the group std (+``eps``): original GRPO, kept only as an ablation because it
+    over-weights tiny differences in groups that are all equally correct.
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    flat = rewards.ndim == 1
+    if flat:
+        if group_size is None or group_size <= 0:
+            raise ValueError("flat rewards need a positive group_size")
+        if rewards.shape[0] % group_size:
+            raise ValueError(f"{rewards.shape[0]} rewards not divisible by group_size={group_size}")
+        grouped = rewards.reshape(-1, group_size)
+    elif rewards.ndim == 2:
+        if group_size is not None and group_size != rewards.shape[1]:
+            raise ValueError(f"group_size={group_size} but rewards have shape {rewards.shape}")
+        grouped = rewards
+    else:
+        raise ValueError(f"rewards must be 1-D or 2-D, got shape {rewards.shape}")
+    adv = grouped - grouped.mean(axis=1, keepdims=True)
+    if std_normalize:
+        adv = adv / (grouped.std(axis=1, keepdims=True) + eps)
+    return adv.reshape(rewards.shape)
+
+
+def broadcast_chain_advantages(
+    chain_adv: Float[Array, "chains"], row_chain_index: Int[Array, "rows"]
+) -> Float[Array, "rows"]:
+    """Give every segment row of a summary chain its chain's advantage (SPEC §4, §6).
+
+    A chain (generations joined by self-summaries) has one reward; its advantage is
+    computed per prompt over whole chains (``group_advantages`` on chain rewards). Each
+    segment is packed as its own row; ``row_chain_index[i]`` names the chain of row ``i``.
+    Index ``-1`` marks padding rows, which get advantage 0.
+    """
+    chain_adv = jnp.asarray(chain_adv, jnp.float32)
+    idx = jnp.asarray(row_chain_index)
+    if chain_adv.ndim != 1 or idx.ndim != 1:
+        raise ValueError(f"need 1-D inputs, got {chain_adv.shape} and {idx.shape}")
+    if not jnp.issubdtype(idx.dtype, jnp.integer):
+        raise ValueError(f"row_chain_index must be integer, got {idx.dtype}")
+    if not isinstance(idx, jax.core.Tracer):
+        if idx.size and (int(idx.max()) >= chain_adv.shape[0] or int(idx.min()) < -1):
+            raise ValueError(
+                f"row_chain_index out of range [-1, {chain_adv.shape[0]}): "
+                f"min {int(idx.min())}, max {int(idx.max())}")
+    safe = jnp.clip(idx, 0, max(chain_adv.shape[0] - 1, 0))
+    return jnp.where(idx >= 0, chain_adv[safe], 0.0)
+
+
+# ----------------------------------------------------------------------------- KL estimators
+def kl_estimate(
+    logq: Float[Array, "*shape"], logp: Float[Array, "*shape"], estimator: str = "k1"
+) -> Float[Array, "*shape"]:
+    """Per-sample estimator of KL(q||p) for samples x ~ q, r = p/q (SPEC §4).
+
+    ``k1 = -log r`` (unbiased, the report's choice), ``k2 = ½(log r)²`` (biased, low
+    variance), ``k3 = (r-1) - log r`` (unbiased, low variance only while p ≈ q; its
+    variance explodes as they diverge — experiments/kl_estimators.py).
+    """
+    log_r = logp - logq
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * jnp.square(log_r)
+    if estimator == "k3":
+        return jnp.expm1(log_r) - log_r
+    raise ValueError(f"unknown kl_estimator {estimator!r}; choose from {KL_ESTIMATORS}")
+
+
+def _reverse_cumsum(x: Float[Array, "rows seq"]) -> Float[Array, "rows seq"]:
+    """out[:, t] = Σ_{t' >= t} x[:, t']."""
+    return jnp.flip(jnp.cumsum(jnp.flip(x, axis=1), axis=1), axis=1)
+
+
+def later_segments_sum(
+    row_values: Float[Array, "rows"],
+    row_chain_index: Int[Array, "rows"],
+    row_segment_index: Int[Array, "rows"],
+) -> Float[Array, "rows"]:
+    """For each row, the sum of ``row_values`` over later segments of the same chain.
+
+    Used for the KL reward-to-go across summary-chain segments (SPEC §4): tokens of an
+    early segment influence every later segment, so they are charged the later KL too.
+    Rows with chain index ``-1`` (padding) get and contribute 0. O(rows²) mask — rows per
+    step are small (thousands at most).
+    """
+    c = jnp.asarray(row_chain_index)
+    s = jnp.asarray(row_segment_index)
+    later = (c[None, :] == c[:, None]) & (s[None, :] > s[:, None]) & (c[None, :] >= 0) & (c[:, None] >= 0)
+    return jnp.sum(jnp.where(later, row_values[None, :], 0.0), axis=1)
+
+
+# ----------------------------------------------------------------------------- aggregation
+def aggregate(
+    values: Float[Array, "rows seq"],
+    mask: Float[Array, "rows seq"],
+    agg: str = "token_sum",
+    *,
+    token_sum_norm: float | None = None,
+) -> Float[Array, ""]:
+    """Reduce per-token values to a scalar (definitions in the module docstring, SPEC §4)."""
+    mask = mask.astype(values.dtype)
+    if agg == "token_sum":
+        norm = values.shape[0] if not token_sum_norm else token_sum_norm
+        if norm <= 0:
+            raise ValueError(f"token_sum_norm must be > 0, got {token_sum_norm}")
+        return jnp.sum(values * mask) / norm
+    if agg == "seq_mean":
+        tok = mask.sum(axis=1)
+        per_row = jnp.sum(values * mask, axis=1) / jnp.maximum(tok, 1.0)
+        nonempty = (tok > 0).astype(values.dtype)
+        return jnp.sum(per_row * nonempty) / jnp.maximum(nonempty.sum(), 1.0)
+    if agg == "token_mean":
+        return jnp.sum(values * mask) / jnp.maximum(mask.sum(), 1.0)
+    raise ValueError(f"unknown loss_agg {agg!r}; choose from {LOSS_AGGS}")
+
+
+# ----------------------------------------------------------------------------- policy gradient
+def policy_gradient_loss(
+    logprobs: Float[Array, "rows seq"],
+    sampler_logprobs: Float[Array, "rows seq"],
+    advantages: Float[Array, "rows"],
+    mask: Bool[Array, "rows seq"] | Float[Array, "rows seq"],
+    *,
+    agg: str = "token_sum",
+    token_sum_norm: float | None = None,
+    clip_eps: float | None = None,
+    truncated: Bool[Array, "rows"] | None = None,
+    overlong_mask: bool = False,
+    ref_logprobs: Float[Array, "rows seq"] | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k1",
+    kl_mode: str = "reward",
+    row_chain_index: Int[Array, "rows"] | None = None,
+    row_segment_index: Int[Array, "rows"] | None = None,
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    """Dr.GRPO policy-gradient loss with importance ratio, optional clipping and KL (SPEC §4).
+
+    Per token: ``ratio = exp(logprobs - stopgrad(sampler_logprobs))`` (trainer vs the
+    sampler's own log-probs, so in-flight/mixed-version rollouts are corrected),
+    surrogate ``s = ratio · A_t`` or, with ``clip_eps > 0``, the PPO form
+    ``min(ratio·A_t, clip(ratio, 1-ε, 1+ε)·A_t)``. ``A_t`` is the row advantage, minus
+    the detached KL penalty in the ``"reward*"`` KL modes (module docstring). Loss is
+    ``-aggregate(s)``, plus ``β·aggregate(k)`` in KL ``"loss"`` mode.
+
+    ``mask`` marks trained (model-generated) tokens. With ``overlong_mask`` the rows
+    flagged ``truncated`` are dropped (ablation; the report does not mask, default off).
+    ``row_chain_index``/``row_segment_index`` (optional) extend the KL reward-to-go
+    across later segments of the same summary chain.
+
+    Returns ``(loss, metrics)``; metrics are scalars (detached).
+    """
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs must be [rows, seq], got {logprobs.shape}")
+    for name, x in (("sampler_logprobs", sampler_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
+        if x is not None and x.shape != logprobs.shape:
+            raise ValueError(f"{name} shape {x.shape} != logprobs shape {logprobs.shape}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [rows]={logprobs.shape[:1]}, got {advantages.shape}")
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"unknown loss_agg {agg!r}; choose from {LOSS_AGGS}")
+    if kl_mode not in KL_MODES:
+        raise ValueError(f"unknown kl_mode {kl_mode!r}; choose from {KL_MODES}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {kl_estimator!r}; choose from {KL_ESTIMATORS}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if clip_eps is not None and clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps}")
+    if (row_chain_index is None) != (row_segment_index is None):
+        raise ValueError("give both row_chain_index and row_segment_index, or neither")
+
+    m = mask.astype(jnp.float32)
+    if overlong_mask:
+        if truncated is None:
+            raise ValueError("overlong_mask=True needs the per-row `truncated` flags")
+        if truncated.shape != logprobs.shape[:1]:
+            raise ValueError(f"truncated must be [rows], got {truncated.shape}")
+        m = m * (~truncated.astype(bool))[:, None].astype(jnp.float32)
+    valid = m > 0
+
+    log_ratio = jnp.where(valid, logprobs - jax.lax.stop_gradient(sampler_logprobs), 0.0)
+    ratio = jnp.exp(log_ratio)
+
+    adv = jnp.broadcast_to(advantages.astype(jnp.float32)[:, None], logprobs.shape)
+    metrics: dict[str, Any] = {}
+    kl_loss = jnp.zeros((), jnp.float32)
+    if ref_logprobs is not None:
+        lq = jnp.where(valid, logprobs, 0.0)
+        lp = jnp.where(valid, ref_logprobs, 0.0)
+        k = kl_estimate(lq, lp, kl_estimator) * m
+        k_det = jax.lax.stop_gradient(k)
+        for name in KL_ESTIMATORS:  # monitoring: mean per valid token
+            metrics[f"kl_{name}"] = jax.lax.stop_gradient(
+                jnp.sum(kl_estimate(lq, lp, name) * m) / jnp.maximum(m.sum(), 1.0))
+        if kl_coef > 0:
+            if kl_mode == "reward":
+                pen = _reverse_cumsum(k_det)
+                if row_chain_index is not None:
+                    pen = pen + later_segments_sum(k_det.sum(axis=1), row_chain_index, row_segment_index)[:, None]
+                adv = adv - kl_coef * pen
+            elif kl_mode == "reward_token":
+                pen = k_det
+                adv = adv - kl_coef * pen
+            else:  # "loss": naive differentiable term (biased gradient for k1/k3)
+                pen = jnp.zeros_like(k_det)
+                kl_loss = kl_coef * aggregate(k, m, agg, token_sum_norm=token_sum_norm)
+            metrics["kl_penalty_mean"] = jnp.sum(pen * m) / jnp.maximum(m.sum(), 1.0)
+
+    surr = ratio * adv
+    if clip_eps:
+        clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+        surr = jnp.minimum(surr, clipped)
+        binds = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
+        metrics["clip_frac"] = jnp.sum(binds * m) / jnp.maximum(m.sum(), 1.0)
+    else:
+        metrics["clip_frac"] = jnp.zeros((), jnp.float32)
+
+    pg_loss = -aggregate(surr, m, agg, token_sum_norm=token_sum_norm)
+    loss = pg_loss + kl_loss
+    ntok = m.sum()
+    metrics.update(
+        loss=loss,
+        pg_loss=pg_loss,
+        kl_loss=kl_loss,
+        num_tokens=ntok,
+        ratio_mean=jnp.sum(ratio * m) / jnp.maximum(ntok, 1.0),
+        ratio_max=jnp.max(jnp.where(valid, ratio, 0.0)),
+        adv_mean=jnp.mean(advantages),
+        adv_abs_mean=jnp.mean(jnp.abs(advantages)),
+    )
+    metrics = {k_: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k_, v in metrics.items()}
+    return loss, metrics
+
+
+def loss_kwargs_from_config(rl_cfg) -> dict[str, Any]:
+    """Map the ``c.rl`` config (configs/rl_tiny.py) to ``policy_gradient_loss`` kwargs."""
+    return dict(
+        agg=rl_cfg.loss_agg,
+        token_sum_norm=rl_cfg.token_sum_norm or None,
+        clip_eps=rl_cfg.clip_eps or None,
+        overlong_mask=bool(rl_cfg.overlong_mask),
+        kl_coef=float(rl_cfg.kl_coef),
+        kl_estimator=rl_cfg.kl_estimator,
+        kl_mode=rl_cfg.kl_mode,
+    )

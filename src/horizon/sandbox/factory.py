@@ -1,0 +1,44 @@
+"""Pick a sandbox backend by name (SPEC §5): "docker" (isolated) or "local" (NOT isolated)."""
+
+from __future__ import annotations
+
+from horizon.sandbox.base import Sandbox, SandboxError
+
+BACKENDS = ("docker", "local")
+_PING_TIMEOUT_S = 5
+
+
+def docker_available() -> bool:
+    """True when the docker SDK is importable and a Docker engine answers a ping."""
+    try:
+        import docker  # noqa: PLC0415 - optional at import time
+
+        client = docker.from_env(timeout=_PING_TIMEOUT_S)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means "not available"
+        return False
+
+
+def open_sandbox(backend: str, image: str | None = None, **limits) -> Sandbox:
+    """A new sandbox. `limits` go to `DockerSandbox.create` / `LocalSandbox.create`.
+
+    docker: `image` is an image tag/id (default `HORIZON_BASE_IMAGE`); limits: cpus,
+    mem_limit, pids_limit, network, user, labels, default_timeout, max_output_bytes, ...
+    local:  `image` is ignored unless it is a directory (e.g. a LocalSandbox snapshot),
+    which is copied as the root; Docker-only limits are accepted and ignored.
+    """
+    if backend == "docker":
+        from horizon.sandbox.docker import DockerSandbox  # noqa: PLC0415
+
+        return DockerSandbox.create(image, **limits)
+    if backend == "local":
+        import os  # noqa: PLC0415
+
+        from horizon.sandbox.local import LocalSandbox  # noqa: PLC0415
+
+        template = image if image is not None and os.path.isdir(image) else None
+        return LocalSandbox.create(template, **limits)
+    raise SandboxError(f"unknown sandbox backend {backend!r}; expected one of {BACKENDS}")

@@ -1,0 +1,225 @@
+"""The text format of an assistant turn, its parser and its renderer (SPEC §5).
+
+One assistant turn (the text the model generates before END_TURN) is::
+
+    [<think> free text </think>]            optional scratch thinking
+    [free text]                             optional narration (ignored)
+    ONE of:
+      <function=NAME>
+      <parameter=KEY>VALUE</parameter>      zero or more, any order, each KEY once
+      </function>                           one tool call
+      <final>ANSWER</final>                 the final message; ends the episode
+
+A summary turn (answer to the summarize query, SPEC §6) is::
+
+    [<think> scratch </think>] <summary> compressed context </summary>
+
+Values are raw text: no JSON escaping, may span lines. One leading and one trailing
+newline of a value are stripped (so `<parameter=x>\\nA\\nB\\n</parameter>` is "A\\nB");
+`render_call` writes multi-line values that way, which makes `parse(render(x)) == x`
+exact. A value ends at the FIRST `</parameter>` after it, so a value cannot contain that
+literal (`render_call` refuses such values). Typed values (ints, lists) are rendered as
+JSON and converted back by the tool registry from the tool's schema. Text after
+`</function>` / `</final>` must be whitespace. The byte-level model emits this format
+directly; `parse_action` never raises on any input (errors become `ParseError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+FINAL_OPEN, FINAL_CLOSE = "<final>", "</final>"
+SUMMARY_OPEN, SUMMARY_CLOSE = "<summary>", "</summary>"
+FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"
+PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+FORMAT_HINT = ("Reply with optional <think>...</think>, then exactly one tool call "
+               "<function=NAME><parameter=KEY>VALUE</parameter></function> or a final message <final>...</final>.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """A parsed assistant turn: a tool call (`kind="call"`) or a final message (`kind="final"`)."""
+
+    kind: str                      # "call" | "final"
+    name: str = ""                 # tool name (calls)
+    args: dict[str, str] = dataclasses.field(default_factory=dict)  # raw string values (calls)
+    final: str = ""                # final message (finals)
+    thinking: str = ""             # text inside <think>...</think> ("" if none)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParseError:
+    """Why a turn could not be parsed; `observation()` is what the model sees next."""
+
+    message: str
+    thinking: str = ""
+
+    def observation(self) -> str:
+        return f"Your action could not be parsed: {self.message}\n{FORMAT_HINT}"
+
+
+def _strip_value(v: str) -> str:
+    if v.startswith("\n"):
+        v = v[1:]
+    if v.endswith("\n"):
+        v = v[:-1]
+    return v
+
+
+def split_thinking(text: str) -> tuple[str, str] | ParseError:
+    """(thinking, rest): a leading `<think>...</think>` block, if any, split off."""
+    s = text.lstrip()
+    if not s.startswith(THINK_OPEN):
+        if THINK_CLOSE in s and THINK_OPEN not in s:
+            return ParseError("found </think> without an opening <think>")
+        return "", text
+    end = s.find(THINK_CLOSE)
+    if end < 0:
+        return ParseError("<think> was never closed with </think>")
+    return s[len(THINK_OPEN):end], s[end + len(THINK_CLOSE):]
+
+
+def _parse_call(body: str, thinking: str) -> Action | ParseError:
+    """`body` starts right after `<function=`."""
+    gt = body.find(">")
+    if gt < 0:
+        return ParseError("unterminated <function=NAME> tag (missing '>')", thinking)
+    name = body[:gt].strip()
+    if not NAME_RE.match(name):
+        return ParseError(f"invalid tool name {name[:40]!r} in <function=...>", thinking)
+    pos = gt + 1
+    args: dict[str, str] = {}
+    while True:
+        while pos < len(body) and body[pos].isspace():
+            pos += 1
+        if body.startswith(FUNC_CLOSE, pos):
+            rest = body[pos + len(FUNC_CLOSE):]
+            if rest.strip():
+                if FUNC_OPEN in rest:
+                    return ParseError("only one tool call per turn is allowed", thinking)
+                return ParseError(f"unexpected text after </function>: {rest.strip()[:60]!r}", thinking)
+            return Action(kind="call", name=name, args=args, thinking=thinking)
+        if body.startswith(PARAM_OPEN, pos):
+            kgt = body.find(">", pos)
+            if kgt < 0:
+                return ParseError("unterminated <parameter=KEY> tag (missing '>')", thinking)
+            key = body[pos + len(PARAM_OPEN):kgt].strip()
+            if not NAME_RE.match(key):
+                return ParseError(f"invalid parameter name {key[:40]!r}", thinking)
+            vend = body.find(PARAM_CLOSE, kgt + 1)
+            if vend < 0:
+                return ParseError(f"parameter {key!r} was never closed with </parameter>", thinking)
+            if key in args:
+                return ParseError(f"parameter {key!r} given more than once", thinking)
+            args[key] = _strip_value(body[kgt + 1:vend])
+            pos = vend + len(PARAM_CLOSE)
+            continue
+        if pos >= len(body):
+            return ParseError(f"tool call {name!r} was never closed with </function>", thinking)
+        return ParseError(f"expected <parameter=KEY> or </function> in call {name!r}, got "
+                          f"{body[pos:pos + 30]!r}", thinking)
+
+
+def _parse(text: str) -> Action | ParseError:
+    split = split_thinking(text)
+    if isinstance(split, ParseError):
+        return split
+    thinking, rest = split
+    if THINK_OPEN in rest:
+        return ParseError("only one <think> block is allowed, at the start of the turn", thinking)
+    f = rest.find(FUNC_OPEN)
+    g = rest.find(FINAL_OPEN)
+    if f >= 0 and g >= 0:
+        return ParseError("a turn must contain either one tool call or a <final> message, not both", thinking)
+    if f >= 0:
+        return _parse_call(rest[f + len(FUNC_OPEN):], thinking)
+    if g >= 0:
+        end = rest.find(FINAL_CLOSE, g)
+        if end < 0:
+            return ParseError("<final> was never closed with </final>", thinking)
+        if rest[end + len(FINAL_CLOSE):].strip():
+            return ParseError("unexpected text after </final>", thinking)
+        return Action(kind="final", final=rest[g + len(FINAL_OPEN):end].strip(), thinking=thinking)
+    if "<function" in rest:
+        return ParseError("malformed tool call: write <function=NAME> (with '=')", thinking)
+    return ParseError("no tool call and no <final> message found", thinking)
+
+
+def parse_action(text: Any) -> Action | ParseError:
+    """Parse one assistant turn. Never raises (any input, any type)."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        if not isinstance(text, str):
+            return ParseError(f"expected text, got {type(text).__name__}")
+        return _parse(text)
+    except Exception as e:  # defensive: the parser must never take the rollout down
+        return ParseError(f"internal parser error: {type(e).__name__}")
+
+
+def parse_summary(text: Any) -> tuple[str, str] | ParseError:
+    """(thinking, summary) from a summary turn. Never raises.
+
+    `<summary>` tags are preferred; without them the text after the thinking block is
+    taken as the summary (lenient: a lost summary costs the whole chain).
+    """
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        if not isinstance(text, str):
+            return ParseError(f"expected text, got {type(text).__name__}")
+        split = split_thinking(text)
+        thinking, rest = ("", text) if isinstance(split, ParseError) else split
+        a = rest.find(SUMMARY_OPEN)
+        if a >= 0:
+            b = rest.find(SUMMARY_CLOSE, a)
+            body = rest[a + len(SUMMARY_OPEN):] if b < 0 else rest[a + len(SUMMARY_OPEN):b]
+        else:
+            body = rest
+        body = body.strip()
+        if not body:
+            return ParseError("empty summary", thinking)
+        return thinking, body
+    except Exception as e:
+        return ParseError(f"internal parser error: {type(e).__name__}")
+
+
+def value_to_text(v: Any) -> str:
+    """Strings as-is; anything else (ints, lists, dicts, bools) as JSON."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def render_call(name: str, args: dict[str, Any], thinking: str | None = None) -> str:
+    """The canonical text of a tool call (scripted policies, SFT demos)."""
+    if not NAME_RE.match(name):
+        raise ValueError(f"invalid tool name {name!r}")
+    parts = [] if thinking is None else [f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n"]
+    parts.append(f"{FUNC_OPEN}{name}>\n")
+    for k, v in args.items():
+        if not NAME_RE.match(k):
+            raise ValueError(f"invalid parameter name {k!r}")
+        s = value_to_text(v)
+        if PARAM_CLOSE in s:
+            raise ValueError(f"parameter {k!r} contains the literal {PARAM_CLOSE!r}; not representable")
+        if "\n" in s or s.startswith("\n") or s.endswith("\n"):
+            s = "\n" + s + "\n"
+        parts.append(f"{PARAM_OPEN}{k}>{s}{PARAM_CLOSE}\n")
+    parts.append(FUNC_CLOSE)
+    return "".join(parts)
+
+
+def render_final(answer: str, thinking: str | None = None) -> str:
+    if FINAL_CLOSE in answer:
+        raise ValueError(f"final answer contains {FINAL_CLOSE!r}")
+    head = "" if thinking is None else f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n"
+    return f"{head}{FINAL_OPEN}{answer}{FINAL_CLOSE}"
+
+
+def render_summary(summary: str, thinking: str | None = None) -> str:
+    head = "" if thinking is None else f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n"
+    return f"{head}{SUMMARY_OPEN}\n{summary}\n{SUMMARY_CLOSE}"

@@ -1,0 +1,364 @@
+"""Tests for horizon.rl.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.flatten_util import ravel_pytree
+
+from horizon.rl import losses as L
+from horizon.utils.config import load_config_file
+
+# Hand-computed values below are exact in f32 up to rounding: 1e-6 absolute.
+ATOL = 1e-6
+
+
+# ----------------------------------------------------------------------------- advantages
+def test_group_advantages_mean_only_by_default():
+    r = jnp.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    adv = L.group_advantages(r, group_size=4)
+    np.testing.assert_allclose(adv, [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0], atol=ATOL)
+    # 2-D input gives the same numbers in the same shape.
+    adv2 = L.group_advantages(r.reshape(2, 4))
+    assert adv2.shape == (2, 4)
+    np.testing.assert_allclose(adv2.reshape(-1), adv, atol=ATOL)
+    # std normalisation only when asked: group 1 has std 0.5 -> ±1; group 2 stays 0.
+    adv_std = L.group_advantages(r, group_size=4, std_normalize=True, eps=0.0 + 1e-12)
+    np.testing.assert_allclose(adv_std, [1, -1, -1, 1, 0, 0, 0, 0], atol=1e-5)
+    assert not np.allclose(adv_std, adv)
+
+
+def test_group_advantages_errors():
+    with pytest.raises(ValueError, match="group_size"):
+        L.group_advantages(jnp.ones(6))
+    with pytest.raises(ValueError, match="divisible"):
+        L.group_advantages(jnp.ones(6), group_size=4)
+    with pytest.raises(ValueError, match="shape"):
+        L.group_advantages(jnp.ones((2, 3)), group_size=4)
+
+
+def test_broadcast_chain_advantages():
+    # Chains: 3 prompts x 2 chains; chain rewards -> per-prompt baseline over chains.
+    chain_rewards = jnp.array([1.0, 0.0, 0.0, 0.0, 0.5, 1.5])
+    chain_adv = L.group_advantages(chain_rewards, group_size=2)
+    np.testing.assert_allclose(chain_adv, [0.5, -0.5, 0, 0, -0.5, 0.5], atol=ATOL)
+    # Chain 0 has three segments (rows 0, 1, 4), chain 5 one, row 5 is padding.
+    rows = jnp.array([0, 0, 1, 5, 0, -1])
+    out = L.broadcast_chain_advantages(chain_adv, rows)
+    np.testing.assert_allclose(out, [0.5, 0.5, -0.5, 0.5, 0.5, 0.0], atol=ATOL)
+    with pytest.raises(ValueError, match="out of range"):
+        L.broadcast_chain_advantages(chain_adv, jnp.array([6]))
+    with pytest.raises(ValueError, match="integer"):
+        L.broadcast_chain_advantages(chain_adv, jnp.array([0.0]))
+    # jit works (no range check on tracers).
+    np.testing.assert_allclose(jax.jit(L.broadcast_chain_advantages)(chain_adv, rows), out, atol=ATOL)
+
+
+def test_later_segments_sum():
+    vals = jnp.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    chain = jnp.array([0, 0, 1, 0, -1])
+    seg = jnp.array([0, 1, 0, 2, 0])
+    # row0: later segs of chain 0 = rows 1, 3 -> 10; row1: row 3 -> 8; others 0.
+    np.testing.assert_allclose(L.later_segments_sum(vals, chain, seg), [10, 8, 0, 0, 0], atol=ATOL)
+
+
+# ----------------------------------------------------------------------------- pg loss values
+def _on_policy(lp):
+    return lp, jax.lax.stop_gradient(lp)
+
+
+def test_pg_loss_aggregations_hand_values():
+    lp = jnp.full((2, 3), -1.0)
+    adv = jnp.array([1.0, -2.0])
+    mask = jnp.array([[1, 1, 0], [1, 1, 1]], bool)
+    # ratio = 1: token_sum = -(1*2 + -2*3)/2 = 2; seq_mean = -(1 + -2)/2 = 0.5;
+    # token_mean = -(2 - 6)/5 = 0.8.
+    for agg, want in (("token_sum", 2.0), ("seq_mean", 0.5), ("token_mean", 0.8)):
+        loss, met = L.policy_gradient_loss(lp, lp, adv, mask, agg=agg)
+        assert abs(float(loss) - want) < ATOL, agg
+        assert float(met["num_tokens"]) == 5
+        assert float(met["clip_frac"]) == 0
+    loss, _ = L.policy_gradient_loss(lp, lp, adv, mask, token_sum_norm=4.0)
+    assert abs(float(loss) - 1.0) < ATOL
+
+
+def test_pg_loss_ratio_and_clip_hand_values():
+    # Tokens with ratios 1.5, 0.5, 0.5 and advantages +1, +1, -1 (one row each).
+    samp = jnp.zeros((3, 1))
+    lp = jnp.log(jnp.array([[1.5], [0.5], [0.5]]))
+    adv = jnp.array([1.0, 1.0, -1.0])
+    mask = jnp.ones((3, 1))
+    loss, met = L.policy_gradient_loss(lp, samp, adv, mask)
+    # unclipped: -(1.5 + 0.5 - 0.5)/3 = -0.5
+    assert abs(float(loss) + 0.5) < 1e-6
+    assert abs(float(met["ratio_max"]) - 1.5) < 1e-6
+    loss_c, met_c = L.policy_gradient_loss(lp, samp, adv, mask, clip_eps=0.2)
+    # clipped: min(1.5, 1.2)=1.2 (binds), min(0.5, 0.8)=0.5, min(-0.5, -0.8)=-0.8 (binds)
+    assert abs(float(loss_c) + (1.2 + 0.5 - 0.8) / 3) < 1e-6
+    assert abs(float(met_c["clip_frac"]) - 2 / 3) < 1e-6
+    # Gradient: d/dlogp of ratio*A is ratio*A; clipped tokens get none.
+    g = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, clip_eps=0.2)[0])(lp)
+    np.testing.assert_allclose(g[:, 0], [0.0, -0.5 / 3, 0.0], atol=1e-6)
+    # Denominator is stop-gradient: no gradient flows into sampler_logprobs.
+    gs = jax.grad(lambda s: L.policy_gradient_loss(lp, s, adv, mask)[0])(samp)
+    np.testing.assert_allclose(gs, 0.0, atol=0)
+
+
+def test_pg_loss_length_doubling():
+    """token_sum: doubling a response's length doubles its gradient weight (no length norm)."""
+    lp = jnp.full((2, 4), -0.7)
+    adv = jnp.array([1.0, 1.0])
+    mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool)
+
+    def row_weight(agg):
+        g = jax.grad(lambda x: L.policy_gradient_loss(x, jax.lax.stop_gradient(x), adv, mask, agg=agg)[0])(lp)
+        return np.asarray(-g.sum(axis=1))
+
+    w = row_weight("token_sum")
+    np.testing.assert_allclose(w[1] / w[0], 2.0, rtol=1e-6)
+    np.testing.assert_allclose(w, [2 / 2, 4 / 2], rtol=1e-6)  # per token weight 1/R, R = 2 rows
+    w = row_weight("seq_mean")  # GRPO: every sequence gets the same total weight
+    np.testing.assert_allclose(w, [0.5, 0.5], rtol=1e-6)
+    w = row_weight("token_mean")  # DAPO: per-token weight 1/total tokens
+    np.testing.assert_allclose(w, [2 / 6, 4 / 6], rtol=1e-6)
+
+
+def test_overlong_mask_off_by_default_and_drops_rows():
+    lp = jnp.zeros((2, 2))
+    adv = jnp.array([1.0, 3.0])
+    mask = jnp.ones((2, 2))
+    trunc = jnp.array([False, True])
+    loss, _ = L.policy_gradient_loss(lp, lp, adv, mask, truncated=trunc)
+    assert abs(float(loss) + (2 + 6) / 2) < ATOL  # flag ignored when overlong_mask is off
+    loss, met = L.policy_gradient_loss(lp, lp, adv, mask, truncated=trunc, overlong_mask=True)
+    assert abs(float(loss) + 2 / 2) < ATOL
+    assert float(met["num_tokens"]) == 2
+    with pytest.raises(ValueError, match="truncated"):
+        L.policy_gradient_loss(lp, lp, adv, mask, overlong_mask=True)
+
+
+def test_pg_loss_validation():
+    lp = jnp.zeros((2, 3))
+    ok = dict(sampler_logprobs=lp, advantages=jnp.zeros(2), mask=jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="loss_agg"):
+        L.policy_gradient_loss(lp, **ok, agg="sum")
+    with pytest.raises(ValueError, match="kl_mode"):
+        L.policy_gradient_loss(lp, **ok, kl_mode="x", ref_logprobs=lp, kl_coef=1.0)
+    with pytest.raises(ValueError, match="kl_estimator"):
+        L.policy_gradient_loss(lp, **ok, kl_estimator="k4")
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        L.policy_gradient_loss(lp, **ok, kl_coef=0.1)
+    with pytest.raises(ValueError, match="advantages"):
+        L.policy_gradient_loss(lp, lp, jnp.zeros(3), jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="mask shape"):
+        L.policy_gradient_loss(lp, lp, jnp.zeros(2), jnp.ones((2, 2)))
+
+
+def test_jit_and_config_kwargs():
+    cfg = load_config_file("configs/rl_tiny.py").rl
+    kw = L.loss_kwargs_from_config(cfg)
+    assert kw["agg"] == "token_sum" and kw["kl_estimator"] == "k1" and kw["clip_eps"] is None
+    assert cfg.std_normalize is False and cfg.overlong_mask is False
+    lp = -jnp.arange(6, dtype=jnp.float32).reshape(2, 3) / 10
+    args = (lp, lp + 0.01, jnp.array([0.5, -0.5]), jnp.ones((2, 3)))
+    f = jax.jit(lambda *a: L.policy_gradient_loss(*a, ref_logprobs=lp - 0.1, **kw))
+    loss_j, met_j = f(*args)
+    loss, met = L.policy_gradient_loss(*args, ref_logprobs=lp - 0.1, **kw)
+    assert abs(float(loss_j) - float(loss)) < 1e-6
+    assert abs(float(met_j["kl_k1"]) - 0.1) < 1e-6
+
+
+# ----------------------------------------------------------------------------- KL values
+def test_kl_estimator_hand_values():
+    logq = jnp.array([0.0])
+    logp = jnp.log(jnp.array([0.5]))  # r = 0.5
+    assert abs(float(L.kl_estimate(logq, logp, "k1")[0]) - math.log(2)) < 1e-6
+    assert abs(float(L.kl_estimate(logq, logp, "k2")[0]) - 0.5 * math.log(2) ** 2) < 1e-6
+    assert abs(float(L.kl_estimate(logq, logp, "k3")[0]) - (-0.5 + math.log(2))) < 1e-6
+    with pytest.raises(ValueError):
+        L.kl_estimate(logq, logp, "k9")
+
+
+def test_kl_penalty_reward_to_go_hand_values():
+    """With ratio 1 the loss value shows the per-token advantage A_t - β·pen_t."""
+    lp = jnp.zeros((1, 3))
+    ref = -jnp.array([[0.1, 0.2, 0.3]])  # k1 = [0.1, 0.2, 0.3]
+    kw = dict(ref_logprobs=ref, kl_coef=1.0)
+    loss, met = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl_mode="reward", **kw)
+    # reward-to-go [0.6, 0.5, 0.3]: -(0.4 + 0.5 + 0.7) = -1.6
+    assert abs(float(loss) + 1.6) < 1e-6
+    assert abs(float(met["kl_k1"]) - 0.2) < 1e-6
+    loss, _ = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl_mode="reward_token", **kw)
+    assert abs(float(loss) + 2.4) < 1e-6  # -(0.9 + 0.8 + 0.7)
+    loss, met = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl_mode="loss", **kw)
+    assert abs(float(loss) - (-3.0 + 0.6)) < 1e-6  # pg -3, KL term +0.6
+    assert abs(float(met["kl_loss"]) - 0.6) < 1e-6
+    # Masked tokens carry no penalty: only the first two count, reward-to-go [0.3, 0.2].
+    m = jnp.array([[1, 1, 0]], bool)
+    loss, _ = L.policy_gradient_loss(lp, lp, jnp.ones(1), m, kl_mode="reward", **kw)
+    assert abs(float(loss) + (0.7 + 0.8)) < 1e-6
+
+
+# ----------------------------------------------------------------------------- KL gradients (MC)
+# Monte-Carlo checks: per-sample gradient estimates g_i; their mean must lie within
+# Z_TOL standard errors (std(g_i)/sqrt(N), per parameter) of the analytic gradient.
+# Seeds are fixed so the test is deterministic; Z_TOL = 4.5 would fail a correct
+# estimator with probability < 1e-4 even over all parameters at a fresh seed.
+# "Biased" checks require a gap of > 10 standard errors in some parameter.
+N_MC = 8000
+Z_TOL = 4.5
+Z_BIAS = 10.0
+
+THETA = jnp.array([0.5, -0.3, 1.0, 0.0, -1.0])   # q logits (trained)
+PHI = jnp.array([-0.5, 0.8, 0.0, 0.3, 0.2])      # p logits (reference)
+
+
+def _exact_kl(logq, logp):
+    return jnp.sum(jnp.exp(logq) * (logq - logp))
+
+
+def _mc_stats(per_sample_grad, samples):
+    @jax.jit
+    def stats(samples):
+        g = jax.vmap(per_sample_grad)(samples)  # [N, P]
+        return g.mean(0), g.std(0, ddof=1) / math.sqrt(g.shape[0])
+    mean, se = stats(samples)
+    return np.asarray(mean), np.asarray(se)
+
+
+def _bandit_grad_fn(estimator, mode):
+    def loss_one(theta, x):
+        lq = jax.nn.log_softmax(theta)[x].reshape(1, 1)
+        ref = jax.nn.log_softmax(PHI)[x].reshape(1, 1)
+        loss, _ = L.policy_gradient_loss(
+            lq, jax.lax.stop_gradient(lq), jnp.zeros(1), jnp.ones((1, 1)),
+            ref_logprobs=ref, kl_coef=1.0, kl_estimator=estimator, kl_mode=mode)
+        return loss
+    return lambda x: jax.grad(loss_one)(THETA, x)
+
+
+@pytest.fixture(scope="module")
+def bandit_samples():
+    return jax.random.categorical(jax.random.PRNGKey(0), THETA, shape=(N_MC,))
+
+
+@pytest.fixture(scope="module")
+def bandit_targets():
+    kl_qp = jax.grad(lambda t: _exact_kl(jax.nn.log_softmax(t), jax.nn.log_softmax(PHI)))(THETA)
+    kl_pq = jax.grad(lambda t: _exact_kl(jax.nn.log_softmax(PHI), jax.nn.log_softmax(t)))(THETA)
+    return np.asarray(kl_qp), np.asarray(kl_pq)
+
+
+def _assert_matches(mean, se, target):
+    z = np.abs(mean - target) / (se + 1e-12)
+    assert np.all(z < Z_TOL), f"mean {mean} target {target} z {z}"
+
+
+def _assert_differs(mean, se, target):
+    z = np.abs(mean - target) / (se + 1e-12)
+    assert np.max(z) > Z_BIAS, f"estimator unexpectedly matches: mean {mean} target {target} z {z}"
+
+
+def test_kl_reward_mode_k1_gradient_is_unbiased(bandit_samples, bandit_targets):
+    kl_qp, _ = bandit_targets
+    assert np.max(np.abs(kl_qp)) > 0.1  # the target is far from zero
+    for mode in ("reward", "reward_token"):  # identical for one-token sequences
+        mean, se = _mc_stats(_bandit_grad_fn("k1", mode), bandit_samples)
+        _assert_matches(mean, se, kl_qp)
+    # Batched loss (rows = samples, token_sum / R = mean) gives the same mean gradient.
+    x = bandit_samples
+    def batch_loss(theta):
+        lq = jax.nn.log_softmax(theta)[x][:, None]
+        ref = jax.nn.log_softmax(PHI)[x][:, None]
+        return L.policy_gradient_loss(lq, jax.lax.stop_gradient(lq), jnp.zeros(N_MC), jnp.ones_like(lq),
+                                      ref_logprobs=ref, kl_coef=1.0)[0]
+    np.testing.assert_allclose(jax.jit(jax.grad(batch_loss))(THETA), mean, atol=1e-5)
+
+
+def test_kl_naive_loss_mode_is_biased(bandit_samples, bandit_targets):
+    kl_qp, kl_pq = bandit_targets
+    # k1 as a plain loss term: expected gradient E_q[∇log q] = 0, not ∇KL.
+    mean, se = _mc_stats(_bandit_grad_fn("k1", "loss"), bandit_samples)
+    _assert_matches(mean, se, np.zeros_like(kl_qp))
+    _assert_differs(mean, se, kl_qp)
+    # k3 as a plain loss term: expected gradient is ∇KL(p||q), the other direction.
+    mean, se = _mc_stats(_bandit_grad_fn("k3", "loss"), bandit_samples)
+    _assert_matches(mean, se, kl_pq)
+    _assert_differs(mean, se, kl_qp)
+    # k2 as a plain loss term: ∇k2 = k1·∇log q, so its expectation is ∇KL(q||p).
+    mean, se = _mc_stats(_bandit_grad_fn("k2", "loss"), bandit_samples)
+    _assert_matches(mean, se, kl_qp)
+
+
+def test_kl_reward_mode_k3_is_biased(bandit_samples, bandit_targets):
+    kl_qp, _ = bandit_targets
+    mean, se = _mc_stats(_bandit_grad_fn("k3", "reward"), bandit_samples)
+    _assert_differs(mean, se, kl_qp)
+
+
+# Two-step autoregressive policy over 3 tokens: q(y1) q(y2|y1). The step-2 KL is large only
+# after y1 = 0, so the sequence-KL gradient on the y1 logits needs the reward-to-go.
+V = 3
+TH1 = jnp.array([0.2, 0.0, -0.2])
+TH2 = jnp.array([[3.0, -3.0, 0.0], [0.1, 0.0, 0.0], [0.0, 0.2, 0.0]])
+PH1 = jnp.array([0.0, 0.3, 0.0])
+PH2 = jnp.zeros((V, V))
+
+
+def _seq_exact_kl(params):
+    th1, th2 = params
+    lq1, lq2 = jax.nn.log_softmax(th1), jax.nn.log_softmax(th2, axis=-1)
+    lp1, lp2 = jax.nn.log_softmax(PH1), jax.nn.log_softmax(PH2, axis=-1)
+    lq = lq1[:, None] + lq2
+    lp = lp1[:, None] + lp2
+    return jnp.sum(jnp.exp(lq) * (lq - lp))
+
+
+def _two_step_logprobs(params, y):
+    th1, th2 = params
+    lq = jnp.stack([jax.nn.log_softmax(th1)[y[0]], jax.nn.log_softmax(th2[y[0]])[y[1]]])
+    lp = jnp.stack([jax.nn.log_softmax(PH1)[y[0]], jax.nn.log_softmax(PH2[y[0]])[y[1]]])
+    return lq, lp
+
+
+@pytest.fixture(scope="module")
+def two_step():
+    @jax.jit
+    def sample(key):
+        k1, k2 = jax.random.split(key)
+        y1 = jax.random.categorical(k1, TH1, shape=(N_MC,))
+        return jnp.stack([y1, jax.random.categorical(k2, TH2[y1])], axis=1)
+    ys = sample(jax.random.PRNGKey(1))
+    target, _ = ravel_pytree(jax.grad(_seq_exact_kl)((TH1, TH2)))
+    return ys, np.asarray(target)
+
+
+def _two_step_grad_fn(mode, as_segments=False):
+    def loss_one(params, y):
+        lq, lp = _two_step_logprobs(params, y)
+        if as_segments:  # each token its own row (segment) of one chain
+            lq, lp = lq[:, None], lp[:, None]
+            extra = dict(row_chain_index=jnp.array([0, 0]), row_segment_index=jnp.array([0, 1]),
+                         token_sum_norm=1.0)
+        else:
+            lq, lp = lq[None], lp[None]
+            extra = {}
+        loss, _ = L.policy_gradient_loss(
+            lq, jax.lax.stop_gradient(lq), jnp.zeros(lq.shape[0]), jnp.ones_like(lq),
+            ref_logprobs=lp, kl_coef=1.0, kl_mode=mode, **extra)
+        return loss
+    return lambda y: ravel_pytree(jax.grad(loss_one)((TH1, TH2), y))[0]
+
+
+def test_kl_sequence_gradient_needs_reward_to_go(two_step):
+    ys, target = two_step
+    mean, se = _mc_stats(_two_step_grad_fn("reward"), ys)
+    _assert_matches(mean, se, target)
+    # Summary-chain form: the two tokens as two segment rows of one chain.
+    mean_seg, se_seg = _mc_stats(_two_step_grad_fn("reward", as_segments=True), ys)
+    np.testing.assert_allclose(mean_seg, mean, atol=1e-5)
+    # Per-token penalty misses E[∇log q(y1) · k1_2]: biased for the sequence KL.
+    mean, se = _mc_stats(_two_step_grad_fn("reward_token"), ys)
+    _assert_differs(mean, se, target)

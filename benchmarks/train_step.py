@@ -1,0 +1,145 @@
+"""Train-step throughput: horizon (JAX, jitted) vs Hugging Face DeepseekV3 (PyTorch eager), same model (SPEC §1).
+
+Both sides run one full optimizer step per iteration on the same batch and the same weights (horizon's
+init, exported with `hf_import.export_hf_checkpoint` and loaded with `from_pretrained`):
+
+* horizon: `horizon.train.lm.jit_train_step` = forward + next-token CE + backward + AdamW (+ grad
+  clipping and the router-bias update), jitted, float32.
+* HF: `DeepseekV3ForCausalLM(input_ids, labels=input_ids).loss.backward()`, `clip_grad_norm_`,
+  `torch.optim.AdamW.step()` with horizon's lr schedule, float32 (no router-bias update: HF keeps
+  `e_score_correction_bias` as a frozen buffer), the library's default kernels (sdpa attention; the experts
+  implementation it selects is printed).
+
+Shapes: configs/small.py (d_model 512, 8 heads, MLA 256/128 ranks, 32 experts top-4 in 4 groups,
+vocab 32768), scaled to CPU with flags: `--layers` (default 2 = 1 dense + 1 MoE instead of 8),
+`--seq` (default 128 instead of 512) and `--batch` (default 4 instead of 16). Tokens/s counts
+batch * seq input tokens per step; one run, `--warmup` steps excluded (includes XLA compile), the
+median of `--steps` timed steps is reported.
+
+    .venv/bin/python benchmarks/train_step.py [--layers 2 --seq 128 --batch 4 --steps 5 --warmup 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from horizon.model import hf_import  # noqa: E402
+from horizon.train import lm, optim  # noqa: E402
+from horizon.utils.config import load_config_file  # noqa: E402
+
+
+def make_config(args):
+    cfg = load_config_file(ROOT / "configs" / "small.py")
+    m = cfg.model
+    m.num_layers = args.layers
+    m.first_k_dense = min(m.first_k_dense, args.layers)
+    m.dtype = m.param_dtype = "float32"
+    cfg.data.seq_len, cfg.data.batch_size = args.seq, args.batch
+    return cfg
+
+
+def bench_horizon(cfg, tokens: np.ndarray, args):
+    state = lm.init_state(jax.random.PRNGKey(args.seed), cfg)
+    b, s = tokens.shape
+    batch = {"tokens": jnp.asarray(tokens), "segment_ids": jnp.zeros((b, s), jnp.int32),
+             "positions": jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s)),
+             "mask": jnp.ones((b, s), jnp.int32)}
+    step = lm.jit_train_step(cfg)
+    params0 = state.params
+    times, losses = [], []
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready(state.params)
+        dt = time.perf_counter() - t0
+        losses.append(float(metrics["loss"]))
+        if i >= args.warmup:
+            times.append(dt)
+    return params0, times, losses
+
+
+def bench_hf(cfg, params0, tokens: np.ndarray, args):
+    import torch
+    import transformers
+
+    torch.manual_seed(args.seed)
+    with tempfile.TemporaryDirectory() as d:
+        hf_import.export_hf_checkpoint(params0, cfg.model, d)
+        model = transformers.DeepseekV3ForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.train()
+    t = cfg.train
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.b1, t.b2), eps=t.eps, weight_decay=t.weight_decay)
+    sched = optim.lr_schedule(t)  # horizon's warmup/cosine schedule, so both runs take the same steps
+    ids = torch.from_numpy(tokens).long()
+    times, losses = [], []
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = float(sched(i))
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        dt = time.perf_counter() - t0
+        losses.append(float(loss.detach()))
+        if i >= args.warmup:
+            times.append(dt)
+    impl = f"attn={model.config._attn_implementation}, experts={model.config._experts_implementation}"
+    return times, losses, impl, torch.get_num_threads()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 1:
+        ap.error("--steps and --warmup must be >= 1 (warmup absorbs compilation)")
+
+    cfg = make_config(args)
+    m = cfg.model
+    tokens = np.random.default_rng(args.seed).integers(0, m.vocab_size, (args.batch, args.seq)).astype(np.int32)
+    ntok = args.batch * args.seq
+    print(f"config: configs/small.py with num_layers={m.num_layers} (first_k_dense={m.first_k_dense}), "
+          f"seq={args.seq}, batch={args.batch}, d_model={m.d_model}, "
+          f"experts={m.num_experts} top-{m.num_experts_per_tok}, "
+          f"vocab={m.vocab_size}, float32; devices={jax.devices()}")
+
+    params0, jt, jl = bench_horizon(cfg, tokens, args)
+    j_med = statistics.median(jt)
+    print(f"horizon JAX : median step {j_med * 1e3:8.1f} ms  -> {ntok / j_med:9.1f} tokens/s  "
+          f"(steps {['%.0f' % (x * 1e3) for x in jt]} ms; loss {jl[0]:.4f} -> {jl[-1]:.4f})")
+    if args.skip_hf:
+        return
+    ht, hl, impl, threads = bench_hf(cfg, params0, tokens, args)
+    h_med = statistics.median(ht)
+    print(f"HF PyTorch  : median step {h_med * 1e3:8.1f} ms  -> {ntok / h_med:9.1f} tokens/s  "
+          f"(steps {['%.0f' % (x * 1e3) for x in ht]} ms; loss {hl[0]:.4f} -> {hl[-1]:.4f}; {impl}; "
+          f"torch threads {threads})")
+    print(f"ratio horizon/HF tokens/s: {h_med / j_med:.2f}x   "
+          f"(same weights: first-step loss diff {abs(jl[0] - hl[0]):.2e})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Multi-head Latent Attention (MLA) exactly as DeepSeek-V3 (SPEC §1).
+
+Notation: ``D`` model dim, ``H`` heads, ``n/r/v`` = qk_nope / qk_rope / v head dims, ``Rq``/``Rkv``
+q / kv latent ranks.
+
+Queries (low-rank path, ``q_lora_rank > 0``)::
+
+    q = wq_b(RMSNorm_q(x @ wq_a))                    # [H, n + r], per head [nope | rope]
+    (q_lora_rank == 0: q = x @ wq)
+
+Keys / values share one latent per token plus one decoupled rope key shared by all heads::
+
+    [c, k_r] = x @ wkv_a;  c = RMSNorm_kv(c)          # c: [Rkv], k_r: [r]
+    [k_nope_h | v_h] = c @ wkv_b[:, h]                # per head [nope | v]
+    score_h(t, s) = scale * (q_nope_h(t) . k_nope_h(s) + RoPE(q_rope_h(t)) . RoPE(k_r(s)))
+    out = concat_h(softmax(score_h) @ v_h) @ wo
+
+``scale = (n + r)^-0.5`` times the YaRN ``mscale^2`` (see `horizon.model.rope.softmax_scale`).
+
+Training path (`attention`): full sequence, causal within a row, and tokens attend only to keys with
+the same ``segment_id`` (packed sequences); RoPE uses the per-token ``positions`` (reset per segment by
+the data pipeline).
+
+Decode path (`attention_decode`): the cache holds only ``c`` (after kv_norm) and ``RoPE(k_r)``, per
+layer. The key/value up-projections are absorbed (DeepSeek-V2 §2.1.2)::
+
+    q_nope_h . (c W_uk_h) = (q_nope_h W_uk_h^T) . c           # query moved into latent space
+    softmax(.) @ (c W_uv_h) = (softmax(.) @ c) W_uv_h         # output projected after the sum
+
+so no per-head K/V is ever materialised. New tokens are written at cache slot = position, and a
+query at position p sees slots ``<= p``. Chunks (t > 1 tokens per call) therefore work for prefill.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from horizon.model import layers, rope
+
+NEG_INF = -1e30  # finite mask value (a fully masked row stays finite; cannot happen with causal masks)
+
+
+def attn_spec(cfg) -> dict:
+    """`ParamSpec` tree of one MLA layer (layout fixed in docs/ARCHITECTURE.md)."""
+    D, H = cfg.d_model, cfg.num_heads
+    n, r, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    std, dt = cfg.init_std, layers.dtype_of(cfg.param_dtype)
+    p = {}
+    if cfg.q_lora_rank > 0:
+        p["wq_a"] = layers.normal((D, cfg.q_lora_rank), std, dt)
+        p["q_norm"] = layers.ones((cfg.q_lora_rank,), dt)
+        p["wq_b"] = layers.normal((cfg.q_lora_rank, H * (n + r)), std, dt)
+    else:
+        p["wq"] = layers.normal((D, H * (n + r)), std, dt)
+    p["wkv_a"] = layers.normal((D, cfg.kv_lora_rank + r), std, dt)
+    p["kv_norm"] = layers.ones((cfg.kv_lora_rank,), dt)
+    p["wkv_b"] = layers.normal((cfg.kv_lora_rank, H * (n + v)), std, dt)
+    p["wo"] = layers.normal((H * v, D), std, dt)
+    return p
+
+
+def attn_logical_axes(cfg) -> dict:
+    """Logical axis names of `attn_spec`'s arrays (without the stacked "layers" axis)."""
+    if cfg.q_lora_rank > 0:
+        q = {"wq_a": ("embed", "q_lora"), "q_norm": ("q_lora",), "wq_b": ("q_lora", "heads")}
+    else:
+        q = {"wq": ("embed", "heads")}
+    return {
+        **q,
+        "wkv_a": ("embed", "kv_lora"),
+        "kv_norm": ("kv_lora",),
+        "wkv_b": ("kv_lora", "heads"),
+        "wo": ("heads", "embed"),
+    }
+
+
+def _queries(p: dict, x: jax.Array, cfg) -> tuple[jax.Array, jax.Array]:
+    """q_nope [b,s,H,n], q_rope [b,s,H,r] (before RoPE)."""
+    dt = x.dtype
+    if "wq" in p:
+        q = x @ p["wq"].astype(dt)
+    else:
+        q = layers.rms_norm(p["q_norm"], x @ p["wq_a"].astype(dt), cfg.rms_norm_eps) @ p["wq_b"].astype(dt)
+    b, s = x.shape[:2]
+    q = q.reshape(b, s, cfg.num_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    return q[..., : cfg.qk_nope_head_dim], q[..., cfg.qk_nope_head_dim :]
+
+
+def _kv_latent(p: dict, x: jax.Array, positions: jax.Array, cfg, tables) -> tuple[jax.Array, jax.Array]:
+    """c_kv [b,s,Rkv] (after kv_norm) and RoPE'd shared key k_rope [b,s,r]."""
+    ckr = x @ p["wkv_a"].astype(x.dtype)
+    c = layers.rms_norm(p["kv_norm"], ckr[..., : cfg.kv_lora_rank], cfg.rms_norm_eps)
+    k_rope = rope.apply_rope(ckr[..., cfg.kv_lora_rank :], positions, tables)
+    return c, k_rope
+
+
+def _softmax(scores: jax.Array, mask: jax.Array, dtype) -> jax.Array:
+    scores = jnp.where(mask, scores.astype(jnp.float32), NEG_INF)
+    return jax.nn.softmax(scores, axis=-1).astype(dtype)
+
+
+def attention(
+    p: dict,
+    x: Float[Array, "batch seq embed"],
+    positions: Int[Array, "batch seq"],
+    segment_ids: Int[Array, "batch seq"],
+    *,
+    cfg,
+) -> Float[Array, "batch seq embed"]:
+    """Training-path MLA over a full (packed) sequence: causal and segment-isolated."""
+    tables = rope.rope_tables(cfg)
+    H, n, v = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    dt = x.dtype
+    b, s, _ = x.shape
+    q_nope, q_rope = _queries(p, x, cfg)
+    q_rope = rope.apply_rope(q_rope, positions, tables)
+    c, k_rope = _kv_latent(p, x, positions, cfg, tables)
+    kv = (c @ p["wkv_b"].astype(dt)).reshape(b, s, H, n + v)
+    k_nope, val = kv[..., :n], kv[..., n:]
+    scores = jnp.einsum("bthn,bshn->bhts", q_nope, k_nope) + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope)
+    scores = scores * rope.softmax_scale(cfg)
+    idx = jnp.arange(s)
+    causal = idx[None, :] <= idx[:, None]  # [t, s]
+    same_seg = segment_ids[:, :, None] == segment_ids[:, None, :]  # [b, t, s]
+    mask = (causal[None] & same_seg)[:, None]  # [b, 1, t, s]
+    probs = _softmax(scores, mask, dt)
+    out = jnp.einsum("bhts,bshv->bthv", probs, val).reshape(b, s, H * v)
+    return out @ p["wo"].astype(dt)
+
+
+def init_attn_cache(cfg, batch: int, max_len: int, dtype) -> dict:
+    """Empty per-layer decode cache: latent ``c_kv`` [b, max_len, Rkv] and ``k_rope`` [b, max_len, r]."""
+    return {
+        "c_kv": jnp.zeros((batch, max_len, cfg.kv_lora_rank), dtype),
+        "k_rope": jnp.zeros((batch, max_len, cfg.qk_rope_head_dim), dtype),
+    }
+
+
+def attention_decode(
+    p: dict,
+    x: Float[Array, "batch t embed"],
+    positions: Int[Array, "batch t"],
+    cache: dict,
+    *,
+    cfg,
+) -> tuple[Float[Array, "batch t embed"], dict]:
+    """Decode-path MLA with absorbed projections; writes the new latents at slots = positions.
+
+    Query at position p attends to cache slots ``0..p`` (slots must hold this sequence's tokens).
+    """
+    tables = rope.rope_tables(cfg)
+    H, n, v, R = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    dt = x.dtype
+    b, t, _ = x.shape
+    max_len = cache["c_kv"].shape[1]
+    q_nope, q_rope = _queries(p, x, cfg)
+    q_rope = rope.apply_rope(q_rope, positions, tables)
+    c_new, k_new = _kv_latent(p, x, positions, cfg, tables)
+
+    def write(buf, pos, new):
+        return buf.at[pos].set(new.astype(buf.dtype), mode="drop")
+
+    cache = {
+        "c_kv": jax.vmap(write)(cache["c_kv"], positions, c_new),
+        "k_rope": jax.vmap(write)(cache["k_rope"], positions, k_new),
+    }
+    c_all, k_all = cache["c_kv"].astype(dt), cache["k_rope"].astype(dt)
+    wkv_b = p["wkv_b"].astype(dt).reshape(R, H, n + v)
+    w_uk, w_uv = wkv_b[..., :n], wkv_b[..., n:]
+    q_lat = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)  # absorb W_uk into the query
+    scores = jnp.einsum("bthc,bsc->bhts", q_lat, c_all) + jnp.einsum("bthr,bsr->bhts", q_rope, k_all)
+    scores = scores * rope.softmax_scale(cfg)
+    mask = (jnp.arange(max_len)[None, None, :] <= positions[:, :, None])[:, None]  # [b,1,t,S]
+    probs = _softmax(scores, mask, dt)
+    o_lat = jnp.einsum("bhts,bsc->bthc", probs, c_all)
+    out = jnp.einsum("bthc,chv->bthv", o_lat, w_uv).reshape(b, t, H * v)  # absorb W_uv after the sum
+    return out @ p["wo"].astype(dt), cache

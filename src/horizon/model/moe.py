@@ -1,0 +1,207 @@
+"""DeepSeek-V3 mixture of experts with aux-loss-free balancing and router replay (SPEC §1, §4.1).
+
+Routing for a token with hidden ``x`` (router math in float32, as HF)::
+
+    s = sigmoid(x @ router)                      # [E] affinity scores ("pre-bias")
+    u = s + stop_gradient(router_bias)           # selection scores; the bias only picks experts
+    group-limited (n_group > 1, topk_group < n_group): experts are split in n_group equal groups, a
+        group's score is the sum of its top-2 values of u, only the topk_group best groups stay
+        eligible (others get u = -inf)
+    I = top_k(u, k)                              # chosen experts
+    g_i = s_i / (sum_{j in I} s_j + 1e-20)       # if norm_topk_prob (else g_i = s_i)
+    g_i *= routed_scaling_factor
+    y = sum_{i in I} g_i * SwiGLU_i(x) + SwiGLU_shared(x)
+
+Expert compute is a grouped GEMM: the ``T*k`` (token, expert) assignments are sorted by expert
+(`argsort`), ``group_sizes = bincount(expert)``, and each of the three expert GEMMs is one
+`jax.lax.ragged_dot` through `expert_matmul` (the hook for low-precision recipes, SPEC §3). Outputs are
+weighted by ``g`` and scatter-added back to their tokens.
+
+Aux-loss-free balancing (DeepSeek-V3 §2.1.2): after a step, `update_router_bias` moves each layer's
+bias by ``rate * sign(mean_load - load_e)`` (under-loaded experts become more attractive).
+
+Router replay: ``replay_indices`` [T, k] (per MoE layer) replaces ``I``; the gate weights ``g`` are
+still computed from the router's own scores ``s`` at the replayed experts, so the router gets
+gradients. A token whose row holds any negative entry (use -1) is not replayed: it keeps the router's
+own choice (tokens without recorded routing; also "no replay" inside one compiled function, which makes
+replayed-vs-not comparisons bit-exact). Plausibility filter (``replay_plausibility_ratio`` = rho > 0): a replayed expert ``e``
+with biased selection score ``u_e < rho * u_(k)`` (``u_(k)`` = the router's own k-th best eligible
+selection score, after group limiting) is replaced by the router's best eligible expert not already
+in the (current) chosen set; slots are processed left to right.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from horizon.model import layers
+
+PRECISIONS_IMPLEMENTED = ("bf16", "default")
+PRECISIONS_PLANNED = ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd")
+
+
+def moe_spec(cfg) -> dict:
+    """Router, selection bias (float32, zero), routed experts [E, ...] and the shared expert(s)."""
+    D, E, F = cfg.d_model, cfg.num_experts, cfg.moe_mlp_dim
+    std, dt = cfg.init_std, layers.dtype_of(cfg.param_dtype)
+    p = {
+        "router": layers.normal((D, E), std, dt),
+        "router_bias": layers.zeros((E,), jnp.float32),
+        "experts": {
+            "gate": layers.normal((E, D, F), std, dt),
+            "up": layers.normal((E, D, F), std, dt),
+            "down": layers.normal((E, F, D), std, dt),
+        },
+    }
+    if cfg.num_shared_experts > 0:
+        p["shared"] = layers.swiglu_spec(D, F * cfg.num_shared_experts, std=std, dtype=dt)
+    return p
+
+
+def moe_logical_axes(cfg) -> dict:
+    axes = {
+        "router": ("embed", "router_expert"),
+        "router_bias": ("router_expert",),
+        "experts": {
+            "gate": ("expert", "embed", "moe_mlp"),
+            "up": ("expert", "embed", "moe_mlp"),
+            "down": ("expert", "moe_mlp", "embed"),
+        },
+    }
+    if cfg.num_shared_experts > 0:
+        axes["shared"] = {"gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed")}
+    return axes
+
+
+def expert_matmul(
+    x: Float[Array, "m k"], w: Float[Array, "experts k n"], group_sizes: Int[Array, " experts"], *, precision: str
+) -> Float[Array, "m n"]:
+    """Grouped GEMM over expert-sorted rows: rows ``[sum(gs[:e]), sum(gs[:e+1]))`` use ``w[e]``.
+
+    ``precision`` selects the recipe (SPEC §3). Only "bf16"/"default" (plain `ragged_dot` in the compute
+    dtype) exists so far; the block-scaled recipes plug in here.
+    """
+    if precision in PRECISIONS_IMPLEMENTED:
+        return jax.lax.ragged_dot(x, w.astype(x.dtype), group_sizes.astype(jnp.int32))
+    if precision in PRECISIONS_PLANNED:
+        raise NotImplementedError(f"moe_precision={precision!r} is not implemented yet (only 'bf16')")
+    raise ValueError(f"unknown moe_precision {precision!r}; expected {PRECISIONS_IMPLEMENTED + PRECISIONS_PLANNED}")
+
+
+def _group_limit(u: jax.Array, cfg) -> jax.Array:
+    """Set selection scores of experts outside the top `topk_group` groups to -inf (HF DeepseekV3)."""
+    G, kg = cfg.n_group, cfg.topk_group
+    if G <= 1 or kg >= G:
+        return u
+    T, E = u.shape
+    grouped = u.reshape(T, G, E // G)
+    group_scores = jax.lax.top_k(grouped, 2)[0].sum(-1)  # [T, G]
+    _, keep = jax.lax.top_k(group_scores, kg)
+    group_mask = jnp.zeros((T, G), bool).at[jnp.arange(T)[:, None], keep].set(True)
+    expert_mask = jnp.repeat(group_mask, E // G, axis=1)
+    return jnp.where(expert_mask, u, -jnp.inf)
+
+
+def plausibility_filter(
+    replay: Int[Array, "tokens k"], u: Float[Array, "tokens experts"], u_eligible: Float[Array, "tokens experts"], ratio: float
+) -> Int[Array, "tokens k"]:
+    """Replace replayed experts whose selection score ``u < ratio * (router's k-th best eligible u)``."""
+    k = replay.shape[1]
+    E = u.shape[1]
+    kth = jax.lax.top_k(u_eligible, k)[0][:, -1]
+    thr = ratio * kth
+    idx = replay
+    for slot in range(k):
+        cur = idx[:, slot]
+        bad = jnp.take_along_axis(u, cur[:, None], axis=1)[:, 0] < thr
+        chosen = jax.nn.one_hot(idx, E, dtype=bool).any(axis=1)
+        cand = jnp.argmax(jnp.where(chosen, -jnp.inf, u_eligible), axis=1).astype(idx.dtype)
+        idx = idx.at[:, slot].set(jnp.where(bad, cand, cur))
+    return idx
+
+
+def route(
+    p: dict, x: Float[Array, "tokens embed"], *, cfg, replay_indices: Int[Array, "tokens k"] | None = None
+) -> tuple[Float[Array, "tokens k"], Int[Array, "tokens k"]]:
+    """Gate weights (float32, differentiable w.r.t. the router) and chosen expert indices (int32)."""
+    k = cfg.num_experts_per_tok
+    logits = x.astype(jnp.float32) @ p["router"].astype(jnp.float32)
+    s = jax.nn.sigmoid(logits)
+    u = s + jax.lax.stop_gradient(p["router_bias"].astype(jnp.float32))
+    u_eligible = _group_limit(u, cfg)
+    own = jax.lax.top_k(u_eligible, k)[1].astype(jnp.int32)
+    if replay_indices is None:
+        idx = own
+    else:
+        if replay_indices.shape != (x.shape[0], k):
+            raise ValueError(f"replay_indices shape {replay_indices.shape} != {(x.shape[0], k)}")
+        rep = jax.lax.stop_gradient(replay_indices).astype(jnp.int32)
+        replayed = jnp.all(rep >= 0, axis=1, keepdims=True)  # tokens with any -1 keep the router's choice
+        idx = jnp.where(replayed, rep, own)
+        if cfg.replay_plausibility_ratio > 0:
+            filtered = plausibility_filter(idx, jax.lax.stop_gradient(u), jax.lax.stop_gradient(u_eligible),
+                                           float(cfg.replay_plausibility_ratio))
+            idx = jnp.where(replayed, filtered, own)
+    w = jnp.take_along_axis(s, idx, axis=1)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    return w * cfg.routed_scaling_factor, idx
+
+
+def routed_experts(
+    p: dict, x: Float[Array, "tokens embed"], weights: Float[Array, "tokens k"], idx: Int[Array, "tokens k"], *, cfg
+) -> Float[Array, "tokens embed"]:
+    """Sum of gate-weighted expert SwiGLUs via sorted tokens + ragged_dot (no dense expert loop)."""
+    T, k = idx.shape
+    E = cfg.num_experts
+    flat = idx.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    token_of = order // k
+    group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
+    xs = jnp.take(x, token_of, axis=0)
+    prec = cfg.moe_precision
+    h = jax.nn.silu(expert_matmul(xs, p["gate"], group_sizes, precision=prec)) * expert_matmul(
+        xs, p["up"], group_sizes, precision=prec
+    )
+    y = expert_matmul(h, p["down"], group_sizes, precision=prec)
+    y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
+    return jnp.zeros_like(x).at[token_of].add(y)
+
+
+def moe_block(
+    p: dict, x: Float[Array, "batch seq embed"], *, cfg, replay_indices: Int[Array, "tokens k"] | None = None
+) -> tuple[Float[Array, "batch seq embed"], dict]:
+    """Routed + shared experts. Returns (output, stats) with stats["indices"] int32 [T, k] and
+    stats["load"] float32 [E] (tokens routed to each expert); T = batch * seq."""
+    b, s, D = x.shape
+    xf = x.reshape(b * s, D)
+    w, idx = route(p, xf, cfg=cfg, replay_indices=replay_indices)
+    y = routed_experts(p["experts"], xf, w, idx, cfg=cfg)
+    if "shared" in p:
+        y = y + layers.swiglu(p["shared"], xf)
+    load = jnp.bincount(idx.reshape(-1), length=cfg.num_experts).astype(jnp.float32)
+    return y.reshape(b, s, D), {"indices": idx, "load": load}
+
+
+def update_router_bias(params: dict, router_load: Float[Array, "moe_layers experts"], cfg) -> dict:
+    """Aux-loss-free balancing: ``bias += rate * sign(mean(load) - load)`` per MoE layer.
+
+    `params` is the full model tree; returns a new tree with ``params["moe"]["moe"]["router_bias"]``
+    updated (no-op when the model has no MoE layers). `router_load` is ``aux["router_load"]`` (sum it
+    over micro-batches first if accumulating).
+    """
+    cfg = cfg.model if "model" in cfg else cfg
+    if "moe" not in params:
+        return params
+    bias = params["moe"]["moe"]["router_bias"]
+    if router_load.shape != bias.shape:
+        raise ValueError(f"router_load shape {router_load.shape} != router_bias shape {bias.shape}")
+    load = router_load.astype(jnp.float32)
+    delta = cfg.router_bias_update_rate * jnp.sign(load.mean(-1, keepdims=True) - load)
+    new = dict(params)
+    new["moe"] = dict(params["moe"])
+    new["moe"]["moe"] = dict(params["moe"]["moe"])
+    new["moe"]["moe"]["router_bias"] = (bias + delta).astype(bias.dtype)
+    return new

@@ -1,0 +1,163 @@
+"""Chain-of-segments batch layout for the RL trainer (SPEC §4 "Advantages for summary chains", §6).
+
+Input: `groups[g]` = the G rollouts (chains, `horizon.agent.Trajectory`) of prompt g and
+`rewards[g][j]` = the scalar reward of chain (g, j) (verifier + shaping, `horizon.rl.rewards`).
+The group baseline is computed per prompt over whole chains (`losses.group_advantages`,
+Dr.GRPO: reward - group mean, no std division by default). Every segment of a chain becomes
+its **own row** (its context was rewritten, so it is a separate sequence) and every row of
+chain c gets chain c's advantage (`losses.broadcast_chain_advantages`).
+
+Arrays, all aligned to `tokens` (column t describes token t):
+
+    tokens            int32 [R, S]   segment ids, right-padded with PAD
+    valid             bool  [R, S]   real (non-pad) tokens
+    loss_mask         bool  [R, S]   model-generated tokens only (prompt/observations/pad False)
+    sampler_logprobs  f32   [R, S]   the sampler's log-prob of token t (0 off the mask)
+    policy_versions   int32 [R, S]   weights version that sampled token t (-1 off the mask)
+    replay_indices    int32 [L_moe, R*S, k]  experts that processed token t at inference,
+                                     flattened row-major like `transformer.forward`'s aux;
+                                     -1 where none was recorded (prompt, observations, pad):
+                                     the trainer fills those from the router's own choice
+    advantages        f32   [R]      chain advantage, 0 for padding rows
+    row_chain         int32 [R]      chain id g*G + j (-1 = padding row)
+    row_segment       int32 [R]      segment index within its chain
+    row_group         int32 [R]      prompt group id (-1 = padding row)
+    truncated         bool  [R]      the chain ended by a length limit (for overlong masking)
+    chain_advantages  f32   [C]      C = groups_bucket * G (0 for padding groups)
+    group_rewards     f32   [Nb, G]  rewards per group (for reward / best-of-K metrics)
+    group_valid       bool  [Nb]
+
+R, S and Nb are bucketed (powers of two with config minimums) so the jitted train step compiles
+once per bucket. The trainer's logits at column t-1 predict token t; column 0 (BOS) is never a
+model token.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from horizon.data.tokenizer import ByteTokenizer
+from horizon.rl import losses
+from horizon.rl.sampler import bucket
+
+# end reasons (horizon.agent.rollout) that mean "cut by a length/step limit"
+DEFAULT_TRUNCATED_REASONS = ("token_budget", "context_full", "max_steps")
+
+
+def build_batch(
+    groups: Sequence[Sequence],
+    rewards: Sequence[Sequence[float]] | np.ndarray,
+    *,
+    num_moe_layers: int,
+    experts_per_tok: int,
+    std_normalize: bool = False,
+    adv_std_eps: float = 1e-6,
+    min_rows: int = 8,
+    min_seq: int = 64,
+    min_groups: int = 1,
+    max_seq: int | None = None,
+    truncated_reasons: Sequence[str] = DEFAULT_TRUNCATED_REASONS,
+    pad_id: int = ByteTokenizer.PAD,
+) -> dict[str, np.ndarray]:
+    """Lay out groups of chains as padded trainer rows (module docstring; SPEC §4)."""
+    if not groups:
+        raise ValueError("need at least one group")
+    G = len(groups[0])
+    if G < 1 or any(len(g) != G for g in groups):
+        raise ValueError(f"all groups must have the same size >= 1, got {[len(g) for g in groups]}")
+    rew = np.asarray(rewards, np.float32)
+    if rew.shape != (len(groups), G):
+        raise ValueError(f"rewards shape {rew.shape} != (groups, group_size) = {(len(groups), G)}")
+    if not np.isfinite(rew).all():
+        raise ValueError("rewards must be finite")
+
+    segs = []  # (group, chain, segment index, Segment, truncated)
+    for gi, group in enumerate(groups):
+        for j, traj in enumerate(group):
+            if not traj.segments:
+                raise ValueError(f"chain ({gi}, {j}) of task {traj.task_id!r} has no segments")
+            trunc = traj.end_reason in truncated_reasons
+            for si, seg in enumerate(traj.segments):
+                segs.append((gi, gi * G + j, si, seg, trunc))
+
+    longest = max(len(s[3].tokens) for s in segs)
+    if max_seq is not None and longest > max_seq:
+        raise ValueError(f"a segment has {longest} tokens > max_seq={max_seq}")
+    R, S = bucket(len(segs), min_rows), bucket(longest, min_seq)
+    Nb = bucket(len(groups), min_groups)
+    L, k = int(num_moe_layers), int(experts_per_tok)
+
+    tokens = np.full((R, S), pad_id, np.int32)
+    valid = np.zeros((R, S), bool)
+    loss_mask = np.zeros((R, S), bool)
+    sampler_lp = np.zeros((R, S), np.float32)
+    versions = np.full((R, S), -1, np.int32)
+    replay = np.full((L, R, S, k), -1, np.int32)
+    row_chain = np.full((R,), -1, np.int32)
+    row_segment = np.zeros((R,), np.int32)
+    row_group = np.full((R,), -1, np.int32)
+    truncated = np.zeros((R,), bool)
+
+    for r, (gi, ci, si, seg, trunc) in enumerate(segs):
+        toks = np.asarray(seg.tokens, np.int32).reshape(-1)
+        n = len(toks)
+        mask = np.asarray(seg.loss_mask, bool).reshape(-1)
+        lps = np.asarray(seg.logprobs, np.float32).reshape(-1)
+        if mask.shape != (n,) or lps.shape != (n,):
+            raise ValueError(f"segment {si} of chain {ci}: loss_mask/logprobs not aligned to {n} tokens")
+        if n and mask[0]:
+            raise ValueError(f"segment {si} of chain {ci}: token 0 cannot be model-generated (no context)")
+        tokens[r, :n] = toks
+        valid[r, :n] = True
+        loss_mask[r, :n] = mask
+        sampler_lp[r, :n] = np.where(mask, lps, 0.0)
+        if seg.policy_versions is not None:
+            versions[r, :n] = np.where(mask, np.asarray(seg.policy_versions, np.int32).reshape(-1), -1)
+        if seg.router_indices is not None and L > 0:
+            ri = np.asarray(seg.router_indices, np.int32)
+            if ri.shape != (L, n, k):
+                raise ValueError(f"segment {si} of chain {ci}: router_indices shape {ri.shape} != {(L, n, k)}")
+            replay[:, r, :n] = ri
+        row_chain[r], row_segment[r], row_group[r], truncated[r] = ci, si, gi, trunc
+
+    chain_adv = np.asarray(losses.group_advantages(rew, std_normalize=std_normalize, eps=adv_std_eps),
+                           np.float32).reshape(-1)
+    advantages = np.asarray(losses.broadcast_chain_advantages(chain_adv, row_chain), np.float32)
+    group_rewards = np.zeros((Nb, G), np.float32)
+    group_rewards[: len(groups)] = rew
+    group_valid = np.zeros((Nb,), bool)
+    group_valid[: len(groups)] = True
+    chain_adv_b = np.zeros((Nb * G,), np.float32)
+    chain_adv_b[: chain_adv.size] = chain_adv
+
+    return dict(
+        tokens=tokens, valid=valid, loss_mask=loss_mask, sampler_logprobs=sampler_lp,
+        policy_versions=versions, replay_indices=replay.reshape(L, R * S, k),
+        advantages=advantages, row_chain=row_chain, row_segment=row_segment, row_group=row_group,
+        truncated=truncated, chain_advantages=chain_adv_b, group_rewards=group_rewards,
+        group_valid=group_valid,
+    )
+
+
+def build_batch_from_config(groups, rewards, cfg) -> dict[str, np.ndarray]:
+    """`build_batch` with shapes/options from the full config (`c.model`, `c.rl`, `c.rl.batch`)."""
+    from horizon.model import transformer
+
+    m, rl = cfg.model, cfg.rl
+    return build_batch(
+        groups, rewards, num_moe_layers=transformer.layer_counts(m)[1], experts_per_tok=m.num_experts_per_tok,
+        std_normalize=bool(rl.std_normalize), adv_std_eps=float(rl.adv_std_eps),
+        min_rows=int(rl.batch.min_rows), min_seq=int(rl.batch.min_seq), min_groups=int(rl.batch.min_groups),
+        max_seq=int(m.max_seq_len), truncated_reasons=tuple(rl.batch.truncated_reasons))
+
+
+def batch_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:
+    """Host-side summary of a batch (for logs): rows, tokens, padding waste, staleness."""
+    rows = int((batch["row_chain"] >= 0).sum())
+    vers = batch["policy_versions"][batch["loss_mask"]]
+    return dict(rows=rows, generated_tokens=int(batch["loss_mask"].sum()), tokens=int(batch["valid"].sum()),
+                fill=float(batch["valid"].mean()),
+                min_policy_version=int(vers.min()) if vers.size else -1,
+                max_policy_version=int(vers.max()) if vers.size else -1)

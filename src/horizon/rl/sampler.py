@@ -1,0 +1,268 @@
+"""Batched autoregressive sampling with the MLA latent KV cache (SPEC §1, §4).
+
+Layout. Prompts are **left-aligned**: row i holds its prompt at positions/cache slots
+``0..n_i-1`` followed by padding, so every sequence sees exactly the positions it will have
+in the training forward (`transformer.forward` numbers each row 0..s-1). The padded prompt
+block is prefilled in one `transformer.decode` call; pad tokens write junk into slots
+``>= n_i``, which is harmless: row i's j-th generated token is written to slot ``n_i + j``
+before any query can see that slot (a query at position p sees slots ``<= p``).
+
+Steps. After prefill, each step feeds every row its last sampled token at position
+``n_i + j`` (one jitted `decode` of one token per row). Feeding the token both samples the
+next one and yields the token's MoE routing, so ``router_indices[:, j]`` are the experts
+that processed generated token j *as an input* — exactly what the training forward over
+the same row replays (router replay, SPEC §1/§4.1). A row stops after it samples a stop
+token (END_TURN / EOS by default; the stop token is kept and trained on) or reaches
+``max_new_tokens``; its final token is still fed once so its routing is recorded.
+
+Log-probs. ``logprobs[j] = log_softmax(logits)[token_j]`` of the **untempered** model at
+temperature 1 and without the top-p truncation, i.e. the same quantity the trainer computes
+(`horizon.rl.trainer.token_logprobs`), so the importance ratio ``exp(logp_train -
+logp_sampler)`` compares like with like and is 1 up to numerics when weights and routing
+match. The tokens themselves are drawn from the tempered, nucleus-truncated distribution;
+that distribution shift is not corrected (as in the report's setup and most RL stacks);
+run with ``temperature=1, top_p=1`` for exactly on-policy samples.
+
+Shapes are bucketed (powers of two, with config minimums) for batch, prompt length and
+generation length so the prefill and step functions compile once per bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from horizon.data.tokenizer import ByteTokenizer
+from horizon.model import transformer
+
+_TOK = ByteTokenizer()
+DEFAULT_STOP_TOKENS = (_TOK.END_TURN, _TOK.EOS)
+
+
+@dataclasses.dataclass
+class SampleOutput:
+    """Per-sequence results of `generate` (lists indexed like the input prompts).
+
+    tokens[i]: int32 [m_i] generated tokens (stop token included if one was sampled).
+    logprobs[i]: float32 [m_i] untempered model log-prob of each generated token.
+    router_indices[i]: int32 [L_moe, m_i, k] experts that processed each generated token.
+    prompt_router_indices[i]: int32 [L_moe, n_i, k] experts of the prompt tokens at prefill.
+    stopped[i]: True if a stop token ended the sequence, False if max_new_tokens did.
+    """
+
+    tokens: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    router_indices: list[np.ndarray]
+    prompt_router_indices: list[np.ndarray]
+    stopped: list[bool]
+
+
+def bucket(n: int, minimum: int) -> int:
+    """Smallest power of two >= max(n, minimum) (compile-shape buckets)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+def sample_from_logits(
+    logits: Float[Array, "b vocab"], key: jax.Array, temperature: Float[Array, ""], top_p: Float[Array, ""]
+) -> tuple[Int[Array, " b"], Float[Array, " b"]]:
+    """Draw one token per row; return (token, untempered log-prob of that token).
+
+    temperature <= 0 is greedy (argmax). top_p < 1 keeps the smallest set of most likely
+    tokens (under the tempered distribution) whose mass reaches top_p (always >= 1 token).
+    Both are traced scalars, so changing them does not recompile.
+    """
+    logits = logits.astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    temperature = jnp.asarray(temperature, jnp.float32)
+    scaled = logits / jnp.maximum(temperature, 1e-6)
+    srt = jnp.sort(scaled, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(srt, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    n_keep = jnp.sum(mass_before < top_p, axis=-1)  # >= 1 since mass_before[:, 0] = 0
+    thresh = jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)
+    scaled = jnp.where(scaled >= thresh, scaled, -jnp.inf)
+    sampled = jax.random.categorical(key, scaled, axis=-1)
+    tok = jnp.where(temperature <= 0, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _prefill(params, cache, tokens, lengths, key, temperature, top_p, *, cfg):
+    b, p = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    logits, cache, aux = transformer.decode(params, cache, tokens, positions, cfg=cfg)
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    tok, lp = sample_from_logits(last, key, temperature, top_p)
+    return cache, tok, lp, aux["router_indices"]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+def _step(params, cache, tok, pos, key, temperature, top_p, *, cfg):
+    logits, cache, aux = transformer.decode(params, cache, tok[:, None], pos[:, None], cfg=cfg)
+    nxt, lp = sample_from_logits(logits[:, 0], key, temperature, top_p)
+    return cache, nxt, lp, aux["router_indices"]
+
+
+def _frozen(cfg) -> ml_collections.FrozenConfigDict:
+    c = transformer.model_cfg(cfg)
+    return c if isinstance(c, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(c)
+
+
+def generate(
+    params: dict,
+    prompts: Sequence[np.ndarray],
+    key: jax.Array,
+    *,
+    cfg,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    stop_tokens: Sequence[int] = DEFAULT_STOP_TOKENS,
+    min_batch_bucket: int = 1,
+    min_prompt_bucket: int = 16,
+    min_new_bucket: int = 16,
+) -> SampleOutput:
+    """Sample continuations of `prompts` (1-D int token arrays) with the latent KV cache.
+
+    `cfg` is the model config (or a full config with `.model`). See the module docstring for
+    the layout, logprob and routing conventions. Deterministic in `key`.
+    """
+    mcfg = _frozen(cfg)
+    if not prompts:
+        return SampleOutput([], [], [], [], [])
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+    lens = np.array([len(p) for p in prompts], np.int32)
+    if lens.min() < 1:
+        raise ValueError("every prompt needs at least one token")
+    if lens.max() + max_new_tokens > mcfg.max_seq_len:
+        raise ValueError(f"prompt ({lens.max()}) + max_new_tokens ({max_new_tokens}) exceeds "
+                         f"max_seq_len={mcfg.max_seq_len}")
+    if any(((p < 0) | (p >= mcfg.vocab_size)).any() for p in prompts):
+        raise ValueError(f"prompt token ids must be in [0, {mcfg.vocab_size})")
+
+    n = len(prompts)
+    B = bucket(n, min_batch_bucket)
+    P = bucket(lens.max(), min_prompt_bucket)
+    N = bucket(max_new_tokens, min_new_bucket)
+    toks = np.full((B, P), _TOK.PAD, np.int32)
+    for i, p in enumerate(prompts):
+        toks[i, : len(p)] = p
+    lens_b = np.ones((B,), np.int32)
+    lens_b[:n] = lens
+
+    cache = transformer.init_cache(mcfg, B, P + N)
+    key, k0 = jax.random.split(key)
+    temp, tp = jnp.float32(temperature), jnp.float32(top_p)
+    cache, tok, lp, prompt_ri = _prefill(params, cache, jnp.asarray(toks), jnp.asarray(lens_b), k0,
+                                         temp, tp, cfg=mcfg)
+    stops = np.asarray(list(stop_tokens), np.int32)
+    L_moe = prompt_ri.shape[0]
+    k = prompt_ri.shape[-1]
+    out_tok = np.zeros((B, max_new_tokens), np.int32)
+    out_lp = np.zeros((B, max_new_tokens), np.float32)
+    out_ri = np.zeros((L_moe, B, max_new_tokens, k), np.int32)
+    m = np.zeros((B,), np.int32)          # generated so far
+    done = np.zeros((B,), bool)
+    done[n:] = True                       # padding rows
+    stopped = np.zeros((B,), bool)
+    for j in range(max_new_tokens):
+        tok_h, lp_h = np.asarray(tok), np.asarray(lp)
+        live = ~done
+        out_tok[live, j] = tok_h[live]
+        out_lp[live, j] = lp_h[live]
+        m[live] += 1
+        hit = live & np.isin(tok_h, stops)
+        stopped |= hit
+        # feed token j (records its routing) and sample token j+1
+        key, kj = jax.random.split(key)
+        pos = jnp.asarray(lens_b + j)
+        cache, tok, lp, ri = _step(params, cache, tok, pos, kj, temp, tp, cfg=mcfg)
+        out_ri[:, live, j] = np.asarray(ri)[:, live]
+        done |= hit
+        if done.all():
+            break
+    prompt_ri = np.asarray(prompt_ri).reshape(L_moe, B, P, k)
+    return SampleOutput(
+        tokens=[out_tok[i, : m[i]].copy() for i in range(n)],
+        logprobs=[out_lp[i, : m[i]].copy() for i in range(n)],
+        router_indices=[out_ri[:, i, : m[i]].copy() for i in range(n)],
+        prompt_router_indices=[prompt_ri[:, i, : lens[i]].copy() for i in range(n)],
+        stopped=[bool(s) for s in stopped[:n]],
+    )
+
+
+def sampler_kwargs_from_config(cfg) -> dict:
+    """`generate` keyword args from the `c.rl.sampler` section (configs/rl_tiny.py)."""
+    s = cfg.rl.sampler
+    return dict(temperature=float(s.temperature), top_p=float(s.top_p),
+                min_batch_bucket=int(s.min_batch_bucket), min_prompt_bucket=int(s.min_prompt_bucket),
+                min_new_bucket=int(s.min_new_bucket))
+
+
+# ----------------------------------------------------------------------------- policy adapter
+class ParamsHolder:
+    """Mutable holder for the sampler's weights + a version counter (SPEC §4.1).
+
+    The trainer (or weight-sync receiver) calls `update(new_params)`; each `policy` call reads
+    the current weights once, so a swap takes effect at the next call (between turns).
+    """
+
+    def __init__(self, params: dict, version: int = 0):
+        self._lock = threading.Lock()
+        self._params = params
+        self._version = int(version)
+
+    def update(self, params: dict, version: int | None = None) -> int:
+        with self._lock:
+            self._params = params
+            self._version = self._version + 1 if version is None else int(version)
+            return self._version
+
+    def get(self) -> tuple[dict, int]:
+        with self._lock:
+            return self._params, self._version
+
+    @property
+    def version(self) -> int:
+        return self.get()[1]
+
+
+def make_policy(params_ref: ParamsHolder, cfg, key: jax.Array, **overrides) -> Callable:
+    """Adapter to the agent's batched policy interface (horizon.agent).
+
+    Returns ``policy(contexts: list[np.ndarray], max_new_tokens) -> list[Generation]``; the
+    Generation carries tokens, untempered logprobs, router indices [L_moe, m, k] and the
+    policy version of the weights used. Each call consumes a fresh split of `key`
+    (deterministic sequence of calls => deterministic samples). `cfg` is the full config
+    (model + `rl.sampler`); `overrides` replace sampler kwargs (e.g. temperature=0).
+    """
+    from horizon.agent import Generation  # the agent owns the type
+
+    kwargs = sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
+    kwargs.update(overrides)
+    state = {"key": key}
+    lock = threading.Lock()
+
+    def policy(contexts: list[np.ndarray], max_new_tokens: int) -> list:
+        with lock:
+            state["key"], sub = jax.random.split(state["key"])
+        params, version = params_ref.get()
+        out = generate(params, contexts, sub, cfg=cfg, max_new_tokens=max_new_tokens, **kwargs)
+        return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=version)
+                for t, lp, ri in zip(out.tokens, out.logprobs, out.router_indices)]
+
+    policy.params_ref = params_ref
+    return policy

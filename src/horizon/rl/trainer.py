@@ -1,0 +1,175 @@
+"""RL train step: router-replayed forward, Dr.GRPO policy gradient with KL, Adam (SPEC §4).
+
+One step on a batch from `horizon.rl.batch.build_batch`:
+
+1. Router replay (SPEC §1, §4.1): tokens with recorded inference experts use them; tokens
+   without a record (prompt, observations, padding: index -1) take the router's own choice,
+   read from a first forward without replay (no gradient). The replayed forward then
+   computes the gate weights from the current router scores, so the router is trained.
+   (The two-pass fill exists because `moe.route` has no per-token "no replay" marker.)
+2. Token log-probs of the targets at temperature 1: ``logp[:, t] = log_softmax(logits[:, t-1])
+   [tokens[:, t]]`` (column 0 = 0, never masked in) — the same quantity the sampler
+   records, so the importance ratio compares like with like.
+3. `losses.policy_gradient_loss` with the `c.rl` options; the reference policy (if any) runs
+   with its own routing, detached. With ``loss_agg == "token_sum"`` and no explicit
+   ``token_sum_norm`` the loss is divided by the number of *real* rows (bucketing pads rows,
+   and the padded count must not change the step size).
+4. Adam on all trainable params (`horizon.train.optim.make_optimizer` with the model's
+   `trainable_mask`, which excludes `router_bias`) with global-norm clipping, then the
+   aux-loss-free router-bias update from the router load over real tokens only.
+
+Metrics: reward mean, best-of-K (max reward per group, averaged), KL estimates, entropy of the
+trained positions, clip fraction, token counts, grad norm, staleness (policy versions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jaxtyping import Array, Float, Int
+
+from horizon.model import moe, transformer
+from horizon.rl import losses
+from horizon.train import optim
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class RLState:
+    """Trainer state pytree. `ref_params` is None when no KL reference is kept."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    ref_params: Any = None
+
+
+def make_optimizer(params, cfg) -> optax.GradientTransformation:
+    """Adam (+ optional decay) on trainable leaves, clipping; fields from `c.rl.optim` (SPEC §4)."""
+    return optim.make_optimizer(cfg.rl.optim, transformer.trainable_mask(params))
+
+
+def init_state(params, cfg, *, ref_params=None) -> RLState:
+    """Fresh state. With `c.rl.use_reference` and no `ref_params` given, the reference is a
+    frozen copy of `params` (the RL starting point, usually the SFT checkpoint)."""
+    if ref_params is None and bool(cfg.rl.use_reference) and float(cfg.rl.kl_coef) > 0:
+        ref_params = jax.tree.map(jnp.copy, params)
+    opt_state = make_optimizer(params, cfg).init(params)
+    return RLState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, ref_params=ref_params)
+
+
+def token_logprobs(
+    logits: Float[Array, "r s v"], tokens: Int[Array, "r s"]
+) -> tuple[Float[Array, "r s"], Float[Array, "r s"]]:
+    """(log-prob of token t under logits[t-1], entropy of that distribution); column 0 is 0."""
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    tgt = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+    return jnp.concatenate([pad, tgt], axis=1), jnp.concatenate([pad, ent], axis=1)
+
+
+def fill_replay(params, tokens, replay, *, cfg):
+    """Replace -1 entries (tokens with no recorded experts) by the router's own top-k choice."""
+    if replay is None or replay.shape[0] == 0:
+        return replay
+    has = jnp.all(replay >= 0, axis=-1, keepdims=True)
+    _, aux = transformer.forward(jax.lax.stop_gradient(params), tokens, cfg=cfg.model)
+    return jnp.where(has, replay, aux["router_indices"]).astype(jnp.int32)
+
+
+def masked_router_load(indices: Int[Array, "l t k"], valid: Float[Array, " t"], num_experts: int):
+    """Per-layer expert load [L_moe, E] counting only real tokens (padding excluded)."""
+    w = jnp.broadcast_to(valid[None, :, None], indices.shape).astype(jnp.float32)
+    return jax.vmap(lambda i, wi: jnp.bincount(i.reshape(-1), weights=wi.reshape(-1), length=num_experts))(indices, w)
+
+
+def loss_from_logits(logits, batch, *, cfg, ref_logits=None):
+    """The RL loss given trainer logits (split out so tests can differentiate w.r.t. logits)."""
+    rl = cfg.rl
+    lp, ent = token_logprobs(logits, batch["tokens"])
+    ref_lp = None
+    if ref_logits is not None:
+        ref_lp = jax.lax.stop_gradient(token_logprobs(ref_logits, batch["tokens"])[0])
+    kw = losses.loss_kwargs_from_config(rl)
+    if ref_lp is None:
+        kw["kl_coef"] = 0.0
+    rows_real = jnp.maximum(jnp.sum(batch["row_chain"] >= 0), 1).astype(jnp.float32)
+    seg = dict(row_chain_index=batch["row_chain"], row_segment_index=batch["row_segment"]) \
+        if bool(rl.kl_across_segments) else {}
+    loss, m = losses.policy_gradient_loss(
+        lp, batch["sampler_logprobs"], batch["advantages"], batch["loss_mask"],
+        truncated=batch["truncated"], ref_logprobs=ref_lp, **kw, **seg)
+    if kw["agg"] == "token_sum" and not kw["token_sum_norm"]:
+        scale = lp.shape[0] / rows_real     # divide by real rows, not the padded bucket
+        loss = loss * scale
+        m = dict(m, loss=m["loss"] * scale, pg_loss=m["pg_loss"] * scale, kl_loss=m["kl_loss"] * scale)
+    mask = batch["loss_mask"].astype(jnp.float32)
+    m["entropy"] = jax.lax.stop_gradient(jnp.sum(ent * mask) / jnp.maximum(mask.sum(), 1.0))
+    m["logprob_mean"] = jax.lax.stop_gradient(jnp.sum(lp * mask) / jnp.maximum(mask.sum(), 1.0))
+    m["sampler_logprob_diff"] = jax.lax.stop_gradient(
+        jnp.sum(jnp.abs(lp - batch["sampler_logprobs"]) * mask) / jnp.maximum(mask.sum(), 1.0))
+    return loss, m
+
+
+def rl_loss(params, batch, *, cfg, ref_params=None, replay=None):
+    """Forward (with replay indices if given) + `loss_from_logits`. Returns (loss, (metrics, aux))."""
+    logits, aux = transformer.forward(params, batch["tokens"], cfg=cfg.model, replay_indices=replay)
+    ref_logits = None
+    if ref_params is not None:  # init_state keeps one only when kl_coef > 0
+        ref_logits, _ = transformer.forward(jax.lax.stop_gradient(ref_params), batch["tokens"], cfg=cfg.model)
+    loss, m = loss_from_logits(logits, batch, cfg=cfg, ref_logits=ref_logits)
+    return loss, (m, aux)
+
+
+def _reward_metrics(batch) -> dict:
+    gv = batch["group_valid"].astype(jnp.float32)
+    n = jnp.maximum(gv.sum(), 1.0)
+    r = batch["group_rewards"]
+    return dict(reward_mean=jnp.sum(r.mean(axis=1) * gv) / n,
+                best_of_k=jnp.sum(r.max(axis=1) * gv) / n,
+                reward_std=jnp.sum(r.std(axis=1) * gv) / n)
+
+
+def _train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
+    rl = cfg.rl
+    replay = batch["replay_indices"] if bool(rl.router_replay) else None
+    replay = fill_replay(state.params, batch["tokens"], replay, cfg=cfg) if replay is not None else None
+    grad_fn = jax.value_and_grad(rl_loss, has_aux=True)
+    (loss, (m, aux)), grads = grad_fn(state.params, batch, cfg=cfg, ref_params=state.ref_params, replay=replay)
+    trainable = transformer.trainable_mask(state.params)
+    gnorm = optax.tree.norm(jax.tree.map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable))
+    tx = make_optimizer(state.params, cfg)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    n_moe = transformer.layer_counts(cfg.model)[1]
+    if bool(rl.update_router_bias) and n_moe > 0:
+        load = masked_router_load(aux["router_indices"], batch["valid"].reshape(-1), cfg.model.num_experts)
+        params = moe.update_router_bias(params, load, cfg.model)
+    mask = batch["loss_mask"]
+    vers = jnp.where(mask, batch["policy_versions"], jnp.iinfo(jnp.int32).max)
+    m = dict(m, **_reward_metrics(batch), grad_norm=gnorm,
+             tokens=jnp.sum(batch["valid"]).astype(jnp.float32),
+             rows=jnp.sum(batch["row_chain"] >= 0).astype(jnp.float32),
+             min_policy_version=jnp.min(vers).astype(jnp.float32))
+    new = RLState(step=state.step + 1, params=params, opt_state=opt_state, ref_params=state.ref_params)
+    return new, m
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
+def _train_step_jit(state, batch, *, cfg):
+    return _train_step(state, batch, cfg=cfg)
+
+
+def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
+    """Jitted pure RL step (module docstring). `cfg` is the full config (model + rl); the
+    input `state` is donated. `batch` is `build_batch`'s dict (numpy or jax arrays)."""
+    frozen = cfg if isinstance(cfg, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(cfg)
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    return _train_step_jit(state, batch, cfg=frozen)

@@ -42,6 +42,8 @@ def model_config() -> ml_collections.ConfigDict:
     m.dtype = "float32"           # compute dtype
     m.param_dtype = "float32"
     m.moe_precision = "bf16"      # "bf16" | "mxfp8" | "nvfp4" | "nvfp4_per_token_fwd_mxfp8_bwd" (SPEC §3)
+    m.quant_division = "ieee"     # NVFP4 scale division: "ieee" | "approx" (fast reciprocal model, SPEC §3)
+    m.quant_approx_rcp_bits = 22  # mantissa bits of the modelled fast reciprocal (horizon.quant.formats)
     return m
 
 
@@ -52,8 +54,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.data = ml_collections.ConfigDict()
     c.data.tokenizer = "byte"     # "byte" or a local HF tokenizer path
-    c.data.sources = ["src", "experiments", "configs", "tests"]  # the repo's own code
-    c.data.extensions = [".py", ".md", ".cfg", ".toml", ".sh"]
+    c.data.root = ""              # corpus root for `sources` ("" = the repo root)
+    c.data.sources = ("src", "experiments", "configs", "tests")  # the repo's own code (tuples: CLI-overridable)
+    c.data.extensions = (".py", ".md", ".cfg", ".toml", ".sh")
     c.data.heldout_fraction = 0.1  # files (by hash) held out for eval loss
     c.data.seq_len = 128
     c.data.batch_size = 8
@@ -78,4 +81,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 100
     c.train.max_checkpoints = 2
     c.train.output_dir = "runs/pretrain_tiny"
+    c.train.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache ("" = off); speeds restarts
+
+    # Parallelism (SPEC §2; horizon.parallel.mesh): mesh axis sizes, or a preset that overrides them.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.presets = ("dp8", "fsdp4xcp2", "ep4xcp2", "ep8")  # the 8-device presets (mesh.PRESETS)
+    c.mesh.preset = ""            # "" = use the sizes below; else one of horizon.parallel.mesh.PRESETS
+    c.mesh.data = 1
+    c.mesh.fsdp = 1
+    c.mesh.expert = 1
+    c.mesh.context = 1
+    c.mesh.capacity_factor = 0.0  # EP slots per destination: 0 = drop-less (worst case), f > 0 = f*T*k/EP, drops counted
+    c.mesh.ep_dispatch = "padded"  # "padded" all_to_all (CPU+GPU) | "ragged" ragged_all_to_all (GPU only)
+    c.mesh.ep_payload = "compute"  # "compute" dtype | "mxfp8" quantized dispatch (combine stays in compute dtype)
+    c.mesh.ep_microbatches = 1    # token chunks pipelined through dispatch/GEMM/combine
     return c

@@ -1,1 +1,1 @@
-"""horizon.train."""
+"""horizon.train: LM train step, AdamW optimizer, orbax checkpoints (SPEC §8)."""

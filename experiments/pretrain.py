@@ -1,0 +1,121 @@
+"""Pretrain an LM on local code (SPEC §8): `python experiments/pretrain.py --config=configs/tiny.py`.
+
+Logs train loss every `log_every` and held-out loss every `eval_every` (and at step 0) to
+`<workdir>/metrics.jsonl`, checkpoints every `checkpoint_every`, resumes from the newest
+checkpoint in the workdir, and ends with a loss-curve PNG and a summary.
+"""
+
+import json
+import pathlib
+import time
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from horizon.data import pipeline
+from horizon.train import checkpoint, lm
+from horizon.utils.config import dump_config
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "ml_collections config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: cfg.train.output_dir).")
+
+
+def log_record(path: pathlib.Path, rec: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def read_records(path: pathlib.Path, max_step: int | None = None) -> list[dict]:
+    recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    return [r for r in recs if max_step is None or r["step"] <= max_step]
+
+
+def plot(recs: list[dict], out: pathlib.Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("loss", "train"), ("eval_loss", "held-out")):
+        pts = [(r["step"], r[key]) for r in recs if key in r]
+        if pts:
+            ax.plot(*zip(*pts), label=label, marker="." if key == "eval_loss" else None)
+    ax.set_xlabel("step"), ax.set_ylabel("next-token CE (nats)"), ax.legend(), ax.grid(alpha=0.3)
+    fig.tight_layout(), fig.savefig(out, dpi=100), plt.close(fig)
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save/restore at INFO
+    cfg, tc = _CONFIG.value, _CONFIG.value.train
+    if tc.get("compilation_cache_dir"):
+        jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(tc.compilation_cache_dir).resolve()))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    workdir = pathlib.Path(_WORKDIR.value or tc.output_dir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, workdir / "config.json")
+    (workdir / "seed.txt").write_text(f"{cfg.seed}\n")
+    metrics_path = workdir / "metrics.jsonl"
+
+    state = lm.init_state(jax.random.PRNGKey(cfg.seed), cfg)
+    ckpt = checkpoint.Checkpointer(workdir / "checkpoints", every=tc.checkpoint_every, keep=tc.max_checkpoints)
+    restored = ckpt.restore_latest(state)
+    start = 0
+    if restored is not None:
+        state, meta = restored
+        start = int(meta["data_step"])
+        # Drop records logged after the checkpoint (the run died past it): they are redone.
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in read_records(metrics_path, start)))
+        print(f"resumed from {ckpt.directory}/{start} (data position {start})")
+    elif metrics_path.exists():
+        metrics_path.unlink()
+    print(f"workdir {workdir}; data {pipeline.corpus_stats(cfg)}")
+
+    train_fn, eval_fn = lm.jit_train_step(cfg), lm.jit_eval_step(cfg)
+    eval_set = pipeline.eval_batches(cfg)
+    batches = pipeline.make_batches(cfg, "train", start_step=start)
+
+    def run_eval(step):
+        rec = {"step": step, **lm.evaluate(eval_fn, state.params, eval_set)}
+        log_record(metrics_path, rec)
+        return rec["eval_loss"]
+
+    last_eval = run_eval(0) if start == 0 else float("nan")
+    t_start, t_first, tokens = time.time(), None, 0.0  # tokens/s measured after the first (compiling) step
+    step = start
+    while step < tc.steps:
+        state, m = train_fn(state, next(batches))
+        step += 1
+        m = {k: float(v) for k, v in jax.device_get(m).items()}
+        if t_first is None:
+            t_first = time.time()
+        else:
+            tokens += m["tokens"]
+        if step % tc.eval_every == 0 or step == tc.steps:
+            last_eval = run_eval(step)
+        if step % tc.log_every == 0 or step == tc.steps:
+            tps = tokens / max(time.time() - t_first, 1e-9)
+            log_record(metrics_path, {"step": step, **m, "tokens_per_s": tps})
+            print(f"step {step:5d} | loss {m['loss']:.4f} | eval {last_eval:.4f} | lr {m['lr']:.2e} "
+                  f"| gnorm {m['grad_norm']:.3f} | {tps:,.0f} tok/s", flush=True)
+        if ckpt.should_save(step) or step == tc.steps:
+            ckpt.save(step, state, {"data_step": step, "seed": cfg.seed}, force=True)
+    ckpt.close()
+
+    recs = read_records(metrics_path)
+    plot(recs, workdir / "loss_curve.png")
+    evals = [r for r in recs if "eval_loss" in r]
+    wall = time.time() - t_start
+    tps = tokens / max(time.time() - t_first, 1e-9) if tokens else next(
+        (r["tokens_per_s"] for r in reversed(recs) if "tokens_per_s" in r), 0.0)  # nothing left to run
+    summary = {"init_eval_loss": evals[0]["eval_loss"], "final_eval_loss": evals[-1]["eval_loss"],
+               "eval_drop_pct": 100.0 * (1 - evals[-1]["eval_loss"] / evals[0]["eval_loss"]),
+               "train_tokens_per_s": tps, "wall_s_this_process": wall, "steps": tc.steps}
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\ninit eval loss {summary['init_eval_loss']:.4f} -> final {summary['final_eval_loss']:.4f} "
+          f"({summary['eval_drop_pct']:.1f}% drop) | {tps:,.0f} train tok/s | {wall:.0f}s\n"
+          f"files: {workdir}/{{metrics.jsonl, loss_curve.png, summary.json, config.json, checkpoints/}}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,119 @@
+"""Grain pretraining pipeline: files -> tokens -> packed rows -> batches (SPEC §8).
+
+Each document is `BOS + tokens + EOS`, split into pieces of at most `seq_len`, and the
+pieces (in a seeded document order) are greedy-packed into rows (`packing.pack_sequences`).
+The rows form a `grain.MapDataset` that is globally shuffled (reshuffled every epoch),
+repeated forever and batched, so **batch k is a pure function of (data config, k)**:
+resuming at step k needs only k (no iterator state), and any host can compute any batch.
+
+A batch is a dict of numpy arrays `[batch, seq_len]`:
+  tokens int32, segment_ids int32 (1..n per row, 0 = padding), positions int32 (reset
+  per segment), mask float32 (1 = real, loss-bearing token; the loss additionally keeps
+  only targets in the same segment as their input, see `packing.target_mask`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Iterator
+
+import grain
+import ml_collections
+import numpy as np
+
+from horizon.data import packing, sources
+from horizon.data.tokenizer import ByteTokenizer, HFTokenizer
+
+BATCH_KEYS = ("tokens", "segment_ids", "positions", "mask")
+
+
+def make_tokenizer(cfg: ml_collections.ConfigDict):
+    """`cfg.data.tokenizer`: "byte" (default) or a local Hugging Face tokenizer path."""
+    name = cfg.data.tokenizer
+    tok = ByteTokenizer(vocab_size=cfg.model.vocab_size) if name == "byte" else HFTokenizer(name)
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"tokenizer {name!r} has {tok.vocab_size} ids > model.vocab_size={cfg.model.vocab_size}")
+    return tok
+
+
+def _data_key(cfg: ml_collections.ConfigDict, split: str) -> str:
+    d = cfg.data
+    return json.dumps(dict(root=str(sources.corpus_root(d)), sources=list(d.sources),
+                           extensions=list(d.extensions), heldout=d.heldout_fraction, split=split,
+                           seq_len=d.seq_len, tokenizer=d.tokenizer, vocab=cfg.model.vocab_size,
+                           seed=d.shuffle_seed), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _packed_rows(key: str, cfg_json: str) -> dict[str, np.ndarray]:
+    cfg = ml_collections.ConfigDict(json.loads(cfg_json))
+    d = cfg.data
+    tok = make_tokenizer(cfg)
+    bos, eos = getattr(tok, "BOS", None) is not None, getattr(tok, "EOS", None) is not None
+    docs = sources.file_source(d, json.loads(key)["split"]).map(
+        lambda item: np.asarray(tok.encode(item[1], bos=bos, eos=eos), dtype=np.int32))
+    docs = list(docs.shuffle(seed=d.shuffle_seed))  # seeded document order, then pack
+    pieces = [p for doc in docs for p in packing.chunk(doc, d.seq_len) if p.size > 1]
+    packed = packing.pack_sequences(pieces, d.seq_len, pad_id=tok.PAD)
+    return dict(tokens=packed.tokens, segment_ids=packed.segment_ids, positions=packed.positions,
+                mask=(packed.segment_ids > 0).astype(np.float32))
+
+
+def packed_rows(cfg: ml_collections.ConfigDict, split: str) -> dict[str, np.ndarray]:
+    """All packed rows of a split (cached per process; read-only arrays)."""
+    cfg_json = json.dumps(dict(data=cfg.data.to_dict(), model=dict(vocab_size=cfg.model.vocab_size)))
+    rows = _packed_rows(_data_key(cfg, split), cfg_json)
+    for v in rows.values():
+        v.setflags(write=False)
+    return rows
+
+
+def dataset(cfg: ml_collections.ConfigDict, split: str) -> grain.MapDataset:
+    """Infinite grain MapDataset of batches: `ds[k]` is batch k (SPEC §8)."""
+    d = cfg.data
+    if d.batch_size <= 0 or d.seq_len <= 1:
+        raise ValueError(f"need batch_size > 0 and seq_len > 1, got {d.batch_size}, {d.seq_len}")
+    rows = packed_rows(cfg, split)
+    n = rows["tokens"].shape[0]
+    ds = grain.MapDataset.source(range(n)).map(lambda i: {k: rows[k][i] for k in BATCH_KEYS})
+    seed = d.shuffle_seed + (0 if split == "train" else 1)
+    return ds.shuffle(seed=seed).repeat().batch(d.batch_size, drop_remainder=True)
+
+
+def make_batches(
+    cfg: ml_collections.ConfigDict, split: str, start_step: int = 0, *,
+    process_index: int = 0, process_count: int = 1,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Batches `start_step, start_step+1, ...` of `split`; with `process_count > 1` each
+    process gets its slice of the global batch (same global batch on every host)."""
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
+    if cfg.data.batch_size % process_count:
+        raise ValueError(f"batch_size {cfg.data.batch_size} not divisible by process_count {process_count}")
+    ds = dataset(cfg, split)
+    per = cfg.data.batch_size // process_count
+    sl = slice(process_index * per, (process_index + 1) * per)
+    ds = ds[start_step:].map(lambda b: {k: np.asarray(v[sl]) for k, v in b.items()})
+    if cfg.data.worker_count > 0:  # background threads prefetch batches (same order, same values)
+        opts = grain.ReadOptions(num_threads=cfg.data.worker_count, prefetch_buffer_size=2 * cfg.data.worker_count)
+        yield from ds.to_iter_dataset(opts)
+    else:
+        for i in range(len(ds)):
+            yield ds[i]
+
+
+def eval_batches(cfg: ml_collections.ConfigDict) -> list[dict[str, np.ndarray]]:
+    """The fixed held-out evaluation set: the first `cfg.train.eval_batches` held-out batches."""
+    it = make_batches(cfg, "heldout")
+    return [next(it) for _ in range(cfg.train.eval_batches)]
+
+
+def corpus_stats(cfg: ml_collections.ConfigDict) -> dict[str, int]:
+    """Rows and real tokens per split (for logs)."""
+    out = {}
+    for split in sources.SPLITS:
+        r = packed_rows(cfg, split)
+        out[f"{split}_rows"] = int(r["tokens"].shape[0])
+        out[f"{split}_tokens"] = int((r["segment_ids"] > 0).sum())
+    return out

@@ -1,0 +1,145 @@
+"""Language-model training state and the pure, jittable train / eval steps (SPEC §8).
+
+One step: forward over packed rows -> next-token CE on masked, same-segment targets
+(+ optional MTP self-distillation, `cfg.model.mtp_depth > 0`) -> grads -> AdamW on the
+trainable leaves -> aux-loss-free router-bias update from this batch's router load
+(after the optimizer step, DeepSeek-V3 §2.1.2). Given the same state and batch the
+step is bitwise deterministic, which is what makes exact resume possible.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jaxtyping import Array, Float, Int
+
+from horizon.model import loss as lm_loss
+from horizon.model import moe, mtp, transformer
+from horizon.train import optim
+
+Batch = dict[str, Array]  # tokens, segment_ids, positions, mask: [batch, seq]
+
+
+class TrainState(NamedTuple):
+    """Everything a step changes: a plain pytree (checkpointed as a whole)."""
+
+    step: Int[Array, ""]
+    params: Any
+    opt_state: Any
+    rng: Array  # raw uint32[2] key (jax.random.PRNGKey), split once per step
+
+
+def trainable_mask(params: Any, cfg: ml_collections.ConfigDict) -> Any:
+    """The model's mask (router_bias frozen); with `mtp_freeze_trunk` only `params["mtp"]` trains."""
+    mask = transformer.trainable_mask(params)
+    if cfg.train.mtp_freeze_trunk:
+        if cfg.model.mtp_depth <= 0:
+            raise ValueError("train.mtp_freeze_trunk=True needs model.mtp_depth > 0")
+        mask = {k: (v if k == "mtp" else jax.tree_util.tree_map(lambda _: False, v)) for k, v in mask.items()}
+    return mask
+
+
+def optimizer(params: Any, cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    return optim.make_optimizer(cfg.train, trainable_mask(params, cfg))
+
+
+def _init_state(key: jax.Array, cfg: ml_collections.ConfigDict) -> TrainState:
+    k_model, k_rng = jax.random.split(key)
+    params = transformer.init(k_model, cfg.model)
+    opt_state = optimizer(params, cfg).init(params)
+    return TrainState(jnp.zeros((), jnp.int32), params, opt_state, k_rng)
+
+
+def init_state(key: jax.Array, cfg: ml_collections.ConfigDict) -> TrainState:
+    """Fresh state from `key` (model init, optimizer state, step 0); jitted (one compile
+    instead of hundreds of eager dispatches), deterministic in `key`."""
+    return jax.jit(partial(_init_state, cfg=cfg))(key)
+
+
+def _shift_left(x: Array, k: int) -> Array:
+    pad = jnp.zeros((x.shape[0], min(k, x.shape[1])), x.dtype)
+    return jnp.concatenate([x[:, k:], pad], axis=1)[:, : x.shape[1]]
+
+
+def losses(params: Any, batch: Batch, *, cfg: ml_collections.ConfigDict) -> tuple[Float[Array, ""], dict]:
+    """(objective, aux): objective = CE (+ mtp_loss_weight * MTP KL); aux has metrics and router_load."""
+    tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
+    mask = batch["mask"]
+    logits, aux = transformer.forward(params, tokens, cfg=cfg.model, positions=pos, segment_ids=seg)
+    ce, count = lm_loss.next_token_loss(logits, tokens, mask=mask, segment_ids=seg)
+    out = {"loss": ce, "tokens": count, "router_load": aux["router_load"]}
+    objective = ce
+    if cfg.model.mtp_depth > 0:
+        freeze = bool(cfg.train.mtp_freeze_trunk)
+        m_logits, valid = mtp.mtp_logits(params, aux["hidden"], tokens, cfg=cfg.model, positions=pos,
+                                         segment_ids=seg, freeze_trunk=freeze)
+        # depth k at position t predicts token t+k+1: it must be a loss-bearing token too.
+        target_ok = jnp.stack([_shift_left(mask, k + 1) > 0 for k in range(1, valid.shape[0] + 1)])
+        m_loss, per_depth = mtp.mtp_loss(logits, m_logits, valid & target_ok)
+        out["mtp_loss"] = m_loss
+        out["mtp_loss_per_depth"] = per_depth
+        w = cfg.train.mtp_loss_weight
+        # A frozen trunk gets no update, so skip the main-loss backward entirely.
+        objective = w * m_loss if freeze else ce + w * m_loss
+    return objective, out
+
+
+def train_step(state: TrainState, batch: Batch, *, cfg: ml_collections.ConfigDict) -> tuple[TrainState, dict]:
+    """One optimizer step (pure; jit it with `cfg` closed over, see `jit_train_step`)."""
+    (objective, aux), grads = jax.value_and_grad(partial(losses, cfg=cfg), has_aux=True)(state.params, batch)
+    trainable = trainable_mask(state.params, cfg)
+    tx = optim.make_optimizer(cfg.train, trainable)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    load = aux["router_load"]
+    if load.size and not cfg.train.mtp_freeze_trunk:  # a frozen trunk keeps its routing bias too
+        params = moe.update_router_bias(params, load, cfg.model)
+    grad_norm = optax.tree.norm(jax.tree_util.tree_leaves(
+        jax.tree_util.tree_map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable)))
+    metrics = {"loss": aux["loss"], "objective": objective, "grad_norm": grad_norm,
+               "lr": optim.lr_schedule(cfg.train)(state.step), "tokens": aux["tokens"]}
+    if "mtp_loss" in aux:
+        metrics["mtp_loss"] = aux["mtp_loss"]
+    if load.size:  # max/mean expert load, averaged over MoE layers (1 = perfectly balanced)
+        metrics["router_imbalance"] = jnp.mean(load.max(-1) / jnp.maximum(load.mean(-1), 1e-9))
+    rng, _ = jax.random.split(state.rng)
+    return TrainState(state.step + 1, params, opt_state, rng), metrics
+
+
+def eval_step(params: Any, batch: Batch, *, cfg: ml_collections.ConfigDict) -> dict:
+    """Held-out metrics for one batch: mean CE and its target count (weight for averaging)."""
+    _, aux = losses(params, batch, cfg=cfg)
+    out = {"loss": aux["loss"], "tokens": aux["tokens"]}
+    if "mtp_loss" in aux:
+        out["mtp_loss"] = aux["mtp_loss"]
+    return out
+
+
+def jit_train_step(cfg: ml_collections.ConfigDict):
+    """`train_step` jitted for one config (configs are not hashable, so close over it)."""
+    return jax.jit(partial(train_step, cfg=cfg))
+
+
+def jit_eval_step(cfg: ml_collections.ConfigDict):
+    return jax.jit(partial(eval_step, cfg=cfg))
+
+
+def evaluate(eval_fn, params: Any, batches: list[Batch]) -> dict[str, float]:
+    """Token-weighted mean of `eval_fn` metrics over a fixed list of batches."""
+    sums: dict[str, float] = {}
+    count = 0.0
+    for b in batches:
+        m = jax.device_get(eval_fn(params, b))
+        n = float(m["tokens"])
+        for k, v in m.items():
+            if k != "tokens":
+                sums[k] = sums.get(k, 0.0) + float(v) * n
+        count += n
+    out = {f"eval_{k}": v / max(count, 1.0) for k, v in sums.items()}
+    out["eval_tokens"] = count
+    return out

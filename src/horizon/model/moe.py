@@ -32,6 +32,8 @@ in the (current) chosen set; slots are processed left to right.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
@@ -40,6 +42,15 @@ from horizon.model import layers
 
 PRECISIONS_IMPLEMENTED = ("bf16", "default")
 PRECISIONS_PLANNED = ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd")
+
+# Alternative MoE-block implementations, selected by ``cfg.moe_impl`` (default "local" = `moe_block`
+# below). `horizon.parallel.experts` registers "expert_parallel" (SPEC §2).
+MOE_IMPLS: dict = {}
+
+
+def register_moe_impl(name: str, fn) -> None:
+    """Register ``fn(p, x, *, cfg, replay_indices) -> (y, stats)`` as ``cfg.moe_impl = name``."""
+    MOE_IMPLS[name] = fn
 
 
 def moe_spec(cfg) -> dict:
@@ -76,17 +87,23 @@ def moe_logical_axes(cfg) -> dict:
 
 
 def expert_matmul(
-    x: Float[Array, "m k"], w: Float[Array, "experts k n"], group_sizes: Int[Array, " experts"], *, precision: str
+    x: Float[Array, "m k"], w: Float[Array, "experts k n"], group_sizes: Int[Array, " experts"], *, precision: str,
+    division: str = "ieee", approx_bits: int = 22,
 ) -> Float[Array, "m n"]:
     """Grouped GEMM over expert-sorted rows: rows ``[sum(gs[:e]), sum(gs[:e+1]))`` use ``w[e]``.
 
-    ``precision`` selects the recipe (SPEC §3). Only "bf16"/"default" (plain `ragged_dot` in the compute
-    dtype) exists so far; the block-scaled recipes plug in here.
+    ``precision`` selects the recipe (SPEC §3): "bf16"/"default" is plain `ragged_dot` in the compute
+    dtype; the block-scaled recipes ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd") go through
+    `horizon.quant.qmoe.quantized_ragged_dot` (custom VJP: quantized forward, MXFP8 backward).
+    ``division``/``approx_bits`` select IEEE vs approximate-reciprocal scale division (ablation).
     """
     if precision in PRECISIONS_IMPLEMENTED:
         return jax.lax.ragged_dot(x, w.astype(x.dtype), group_sizes.astype(jnp.int32))
     if precision in PRECISIONS_PLANNED:
-        raise NotImplementedError(f"moe_precision={precision!r} is not implemented yet (only 'bf16')")
+        from horizon.quant.qmoe import quantized_ragged_dot  # lazy: quant is optional on the bf16 path
+
+        return quantized_ragged_dot(x, w, group_sizes, precision=precision, division=division,
+                                    approx_bits=approx_bits)
     raise ValueError(f"unknown moe_precision {precision!r}; expected {PRECISIONS_IMPLEMENTED + PRECISIONS_PLANNED}")
 
 
@@ -161,11 +178,11 @@ def routed_experts(
     token_of = order // k
     group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
     xs = jnp.take(x, token_of, axis=0)
-    prec = cfg.moe_precision
-    h = jax.nn.silu(expert_matmul(xs, p["gate"], group_sizes, precision=prec)) * expert_matmul(
-        xs, p["up"], group_sizes, precision=prec
-    )
-    y = expert_matmul(h, p["down"], group_sizes, precision=prec)
+    mm = functools.partial(expert_matmul, group_sizes=group_sizes, precision=cfg.moe_precision,
+                           division=cfg.get("quant_division", "ieee"),
+                           approx_bits=cfg.get("quant_approx_rcp_bits", 22))
+    h = jax.nn.silu(mm(xs, p["gate"])) * mm(xs, p["up"])
+    y = mm(h, p["down"])
     y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
     return jnp.zeros_like(x).at[token_of].add(y)
 
@@ -175,6 +192,12 @@ def moe_block(
 ) -> tuple[Float[Array, "batch seq embed"], dict]:
     """Routed + shared experts. Returns (output, stats) with stats["indices"] int32 [T, k] and
     stats["load"] float32 [E] (tokens routed to each expert); T = batch * seq."""
+    impl = cfg.get("moe_impl", "local")
+    if impl != "local":
+        if impl not in MOE_IMPLS:
+            raise ValueError(f"moe_impl {impl!r} is not registered (known: {['local', *MOE_IMPLS]}); "
+                             "import horizon.parallel to register the parallel implementations")
+        return MOE_IMPLS[impl](p, x, cfg=cfg, replay_indices=replay_indices)
     b, s, D = x.shape
     xf = x.reshape(b * s, D)
     w, idx = route(p, xf, cfg=cfg, replay_indices=replay_indices)

@@ -1,0 +1,102 @@
+"""Quant ablation (SPEC §3): tiny MoE pretraining runs that differ only in the expert-GEMM recipe.
+
+`python experiments/quant_ablation.py --config=configs/quant_ablation.py [--workdir=runs/quant_ablation]`
+
+For each entry of `cfg.quant.runs` (name, moe_precision, quant_division, quant_approx_rcp_bits) it
+trains `cfg.train.steps` steps with `horizon.train.lm.train_step` on the DATA pipeline (same seed,
+same batches), logs the train loss every step and the held-out loss every `eval_every`, and writes
+`<workdir>/loss_curves.png`, `<workdir>/results.md` (final-loss table) and `<workdir>/results.json`.
+
+The recipe is selected purely by config: `horizon.model.moe.expert_matmul` routes non-bf16
+precisions to `horizon.quant.qmoe.quantized_ragged_dot` with `model.quant_division`.
+"""
+
+import json
+import pathlib
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from horizon.data import pipeline
+from horizon.train import lm
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/quant_ablation.py", "ml_collections config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: cfg.train.output_dir).")
+
+def run_one(cfg, name, precision, division, bits, eval_set):
+    c = cfg.copy_and_resolve_references()
+    c.model.moe_precision = precision
+    c.model.quant_division = division
+    c.model.quant_approx_rcp_bits = bits
+    train_fn, eval_fn = lm.jit_train_step(c), lm.jit_eval_step(c)
+    state = lm.init_state(jax.random.PRNGKey(c.seed), c)
+    batches = pipeline.make_batches(c, "train", start_step=0)
+    losses, evals, t0 = [], [], time.time()
+    evals.append((0, lm.evaluate(eval_fn, state.params, eval_set)["eval_loss"]))
+    for step in range(1, c.train.steps + 1):
+        state, m = train_fn(state, next(batches))
+        losses.append(float(m["loss"]))
+        if not np.isfinite(losses[-1]):
+            print(f"  {name}: non-finite loss at step {step}; stopping this run")
+            break
+        if step % c.train.eval_every == 0 or step == c.train.steps:
+            evals.append((step, lm.evaluate(eval_fn, state.params, eval_set)["eval_loss"]))
+    wall = time.time() - t0
+    print(f"{name:28s} final train {np.mean(losses[-10:]):.4f} | eval {evals[-1][1]:.4f} | {wall:.0f}s", flush=True)
+    return {"name": name, "precision": precision, "division": division, "approx_bits": bits,
+            "train_loss": losses, "evals": evals, "wall_s": wall}
+
+
+def plot(results, out: pathlib.Path, smooth: int) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    bf16 = np.asarray(results[0]["train_loss"])
+    for r in results:
+        y = np.asarray(r["train_loss"])
+        k = min(smooth, len(y))
+        ys = np.convolve(y, np.ones(k) / k, mode="valid")
+        a1.plot(np.arange(k, len(y) + 1), ys, label=r["name"])
+        n = min(len(y), len(bf16))
+        d = np.convolve(y[:n] - bf16[:n], np.ones(k) / k, mode="valid")
+        a2.plot(np.arange(k, n + 1), d, label=r["name"])
+    a1.set(xlabel="step", ylabel=f"train CE (moving avg {smooth})", title="loss")
+    a2.set(xlabel="step", ylabel="train CE - bf16 CE", title="gap to bf16")
+    for a in (a1, a2):
+        a.grid(alpha=0.3), a.legend(fontsize=7)
+    fig.tight_layout(), fig.savefig(out, dpi=100), plt.close(fig)
+
+
+def table(results) -> str:
+    base = results[0]
+    b_ev = base["evals"][-1][1]
+    lines = ["| run | moe_precision | division | rcp bits | final train CE (mean last 10) | final held-out CE | "
+             "held-out - bf16 | wall s |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        tr, ev = np.mean(r["train_loss"][-10:]), r["evals"][-1][1]
+        lines.append(f"| {r['name']} | {r['precision']} | {r['division']} | {r['approx_bits']} | {tr:.4f} | "
+                     f"{ev:.4f} | {ev - b_ev:+.4f} | {r['wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    del argv
+    cfg = _CONFIG.value
+    workdir = pathlib.Path(_WORKDIR.value or cfg.train.output_dir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    eval_set = pipeline.eval_batches(cfg)
+    print(f"workdir {workdir}; {cfg.train.steps} steps x {cfg.data.batch_size}x{cfg.data.seq_len} tokens")
+    results = [run_one(cfg, *spec, eval_set) for spec in cfg.quant.runs]
+    plot(results, workdir / "loss_curves.png", cfg.quant.smooth)
+    md = table(results)
+    (workdir / "results.md").write_text(f"# Quant ablation ({cfg.train.steps} steps, tiny MoE)\n\n{md}")
+    (workdir / "results.json").write_text(json.dumps(results))
+    print("\n" + md + f"\nfiles: {workdir}/{{loss_curves.png, results.md, results.json}}")
+
+
+if __name__ == "__main__":
+    app.run(main)

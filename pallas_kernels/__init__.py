@@ -2,3 +2,12 @@
 
 Each kernel module is tested against its pure-JAX reference in `horizon.quant`.
 """
+
+from pallas_kernels.dispatch import (  # noqa: E402,F401
+    blockscaled_matmul,
+    blockscaled_matmul_pallas,
+    grouped_blockscaled_matmul,
+    grouped_blockscaled_matmul_pallas,
+    is_supported,
+    supported_backend,
+)

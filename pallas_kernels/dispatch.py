@@ -1,0 +1,146 @@
+"""Backend selection for the block-scaled matmul kernels (SPEC §3).
+
+`supported_backend()` names the kernel family usable on the current default device
+("hopper" for sm_90, "blackwell" for sm_100, else None: CPU, older GPUs).
+`blockscaled_matmul_pallas(a, b, out_dtype=...)` runs the Pallas kernel for the
+operands' format (backend "hopper": MXFP8 + NVFP4, dense and grouped MXFP8; backend
+"blackwell": tcgen05 MXFP8 / NVFP4, lowering-verified only) or raises `NotImplementedError`.
+`is_supported(a, b)` gates `horizon.quant.matmul.blockscaled_matmul(impl="auto"|"pallas")`: it
+is True only for the Hopper kernels on a Hopper device, else the dispatcher falls back to the
+pure-JAX reference (with a one-time warning when "pallas" was asked).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from horizon.quant import formats as F
+from pallas_kernels import _common as C
+
+
+@functools.lru_cache(maxsize=None)
+def supported_backend() -> str | None:
+    """"hopper" | "blackwell" | None for the default device (never raises)."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return None
+    if dev.platform != "gpu":
+        return None
+    cc = getattr(dev, "compute_capability", None)
+    try:
+        major = int(str(cc).split(".")[0])
+    except (TypeError, ValueError):
+        return None
+    if major == 9:
+        return "hopper"
+    if major == 10:
+        return "blackwell"
+    return None
+
+
+def device_sm_count(default: int = C.H100_SMS) -> int:
+    """SM count of the default GPU, or `default` when it cannot be read (CPU, export)."""
+    try:
+        return int(jax.devices()[0].core_count)
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return default
+
+
+def blockscaled_matmul_pallas(a: Any, b: Any, *, out_dtype: Any = jnp.float32,
+                              backend: str | None = None, num_sms: int | None = None,
+                              interpret: Any = None) -> jax.Array:
+    """A [M, K] @ B [N, K]^T with both operands MXTensor (or both NVFP4Tensor) via Pallas."""
+    backend = backend or supported_backend()
+    if interpret is not None and backend is None:
+        backend = "hopper"  # interpret mode runs the Hopper kernels on CPU
+    if backend is None:
+        raise NotImplementedError("no Pallas block-scaled kernel for this device")
+    sms = num_sms or device_sm_count()
+    if isinstance(a, F.MXTensor) and isinstance(b, F.MXTensor):
+        if a.values.ndim != 2 or b.values.ndim != 2:
+            raise NotImplementedError("Pallas path takes 2-D operands")
+        # wgmma is sm_90a-only: Blackwell gets the tcgen05 kernel (lowering-verified only, so
+        # `is_supported` does not auto-route to it; callers must ask for backend="blackwell").
+        if backend == "blackwell":
+            from pallas_kernels import blockscaled_matmul_blackwell as BW
+            return BW.mxfp8_matmul_from_parts(a.values, a.scales, b.values, b.scales, out_dtype=out_dtype)
+        if backend != "hopper":
+            raise NotImplementedError(f"no MXFP8 Pallas kernel for backend {backend!r}")
+        from pallas_kernels import blockscaled_matmul_hopper as H
+        return H.mxfp8_matmul_from_parts(a.values, a.scales, b.values, b.scales, out_dtype=out_dtype,
+                                         num_sms=sms, interpret=interpret)
+    if isinstance(a, F.NVFP4Tensor) and isinstance(b, F.NVFP4Tensor):
+        if a.values.ndim != 2 or b.values.ndim != 2:
+            raise NotImplementedError("Pallas path takes 2-D operands")
+        if backend == "blackwell":
+            from pallas_kernels import blockscaled_matmul_blackwell as BW
+            return BW.nvfp4_matmul_from_parts(a.values, a.block_scales, a.global_scale, b.values,
+                                              b.block_scales, b.global_scale, out_dtype=out_dtype)
+        from pallas_kernels import blockscaled_matmul_hopper as H
+        return H.nvfp4_matmul_from_parts(F.pack_fp4(a.values), a.block_scales, a.global_scale,
+                                         F.pack_fp4(b.values), b.block_scales, b.global_scale,
+                                         out_dtype=out_dtype, num_sms=sms, interpret=interpret)
+    raise TypeError(f"operands must both be MXTensor or both NVFP4Tensor, got {type(a).__name__}, "
+                    f"{type(b).__name__}")
+
+
+def is_supported(a: Any, b: Any) -> bool:
+    """True when a Pallas kernel covers these operands on this device (used by horizon.quant.matmul).
+
+    2-D B: dense kernel; 3-D B [G, N, K]: grouped (MoE) kernel. MXFP8 on Hopper only.
+    """
+    if supported_backend() != "hopper":
+        return False
+    from pallas_kernels import blockscaled_matmul_hopper as H
+    if isinstance(a, F.NVFP4Tensor) and isinstance(b, F.NVFP4Tensor):
+        if a.values.ndim != 2 or b.values.ndim != 2 or a.values.shape[1] % 128:
+            return False  # dense only; K % 128 (the lowering-tested tile_k)
+        try:
+            H.auto_config(a.values.shape[0], b.values.shape[0], a.values.shape[1])
+        except ValueError:
+            return False
+        return True
+    if not (isinstance(a, F.MXTensor) and isinstance(b, F.MXTensor)):
+        return False
+    if a.values.ndim != 2 or b.values.ndim not in (2, 3):
+        return False
+    m = a.values.shape[0] if b.values.ndim == 2 else 64  # grouped: any T (padded to the tile)
+    try:
+        H.auto_config(m, b.values.shape[-2], a.values.shape[1])
+    except ValueError:
+        return False
+    return True
+
+
+def blockscaled_matmul(a: Any, b: Any, *, out_dtype: Any = jnp.float32) -> jax.Array:
+    """Hook for `horizon.quant.matmul._pallas_impl` (call only when `is_supported`)."""
+    return blockscaled_matmul_pallas(a, b, out_dtype=out_dtype)
+
+
+def grouped_blockscaled_matmul_pallas(a: Any, b: Any, group_sizes: Any, *, out_dtype: Any = jnp.float32,
+                                      backend: str | None = None, num_sms: int | None = None,
+                                      interpret: Any = None) -> jax.Array:
+    """Grouped A [T, K] x B [G, N, K] (MXTensor both) via the Hopper grouped Pallas kernel (SPEC §3)."""
+    backend = backend or supported_backend()
+    if interpret is not None and backend is None:
+        backend = "hopper"
+    if backend != "hopper":
+        raise NotImplementedError(f"no grouped Pallas kernel for backend {backend!r}")
+    if not (isinstance(a, F.MXTensor) and isinstance(b, F.MXTensor)):
+        raise NotImplementedError("grouped Pallas kernel covers MXFP8 operands only")
+    if a.values.ndim != 2 or b.values.ndim != 3:
+        raise NotImplementedError("grouped Pallas path takes A [T, K] and B [G, N, K]")
+    from pallas_kernels import grouped_matmul as GM
+    return GM.grouped_mxfp8_matmul_from_parts(a.values, a.scales, b.values, b.scales,
+                                              jnp.asarray(group_sizes, jnp.int32), out_dtype=out_dtype,
+                                              num_sms=num_sms or device_sm_count(), interpret=interpret)
+
+
+def grouped_blockscaled_matmul(a: Any, b: Any, group_sizes: Any, *, out_dtype: Any = jnp.float32) -> jax.Array:
+    """Hook for `horizon.quant.matmul._pallas_impl`'s grouped route (call only when `is_supported`)."""
+    return grouped_blockscaled_matmul_pallas(a, b, group_sizes, out_dtype=out_dtype)

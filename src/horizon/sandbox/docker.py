@@ -167,17 +167,31 @@ def _on_signal(signum, frame):  # noqa: ARG001
     os.kill(os.getpid(), signum)
 
 
+_signals_installed = False
+
+
 def _install_hooks() -> None:
-    global _hooks_installed
+    """atexit cleanup once; SIGTERM/SIGHUP handlers as soon as we are called from the main thread.
+
+    Sandboxes are often created from worker threads, where `signal.signal` is not allowed, so the
+    signal part is retried on every call until a main-thread call (or `install_cleanup_hooks`)
+    succeeds. Handlers are only installed where none is set already.
+    """
+    global _hooks_installed, _signals_installed
     with _hooks_lock:
-        if _hooks_installed:
-            return
-        _hooks_installed = True
-        atexit.register(cleanup_session)
-        if threading.current_thread() is threading.main_thread():
+        if not _hooks_installed:
+            _hooks_installed = True
+            atexit.register(cleanup_session)
+        if not _signals_installed and threading.current_thread() is threading.main_thread():
+            _signals_installed = True
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 if signal.getsignal(sig) in (signal.SIG_DFL, None):
                     signal.signal(sig, _on_signal)
+
+
+def install_cleanup_hooks() -> None:
+    """Call from the main thread of a driver that creates sandboxes only in worker threads."""
+    _install_hooks()
 
 
 def _remove_images_repeatedly(client: docker.DockerClient, image_ids: Iterable[str]) -> int:

@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -106,7 +107,11 @@ class LocalSandbox:
             buf.feed(f"bash: cd: {workdir}: No such file or directory\n".encode())
             out, trunc = buf.result()
             return ExecResult(1, out, False, trunc, time.monotonic() - t0)
-        env = {**os.environ, "HORIZON_SANDBOX_ROOT": self.root, "PWD": cwd, "TMPDIR": self._host("/tmp")}
+        # The running interpreter's bin dir goes first on PATH so `python3 -m pytest` in task test
+        # commands finds the same environment (with pytest) as the driver, like the Docker image does.
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        env = {**os.environ, "PATH": path, "HORIZON_SANDBOX_ROOT": self.root, "PWD": cwd,
+               "TMPDIR": self._host("/tmp")}
         proc = subprocess.Popen(
             ["bash", "-c", _WS_RE.sub(lambda _: ws, cmd)], cwd=cwd, env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,0 +1,66 @@
+"""Asynchronous RL config: configs/rl_tiny.py + an `async_` section (SPEC §4, §4.1).
+
+Read by `horizon.rl.async_loop` (orchestrator, trainer and rollout processes),
+`horizon.rl.weight_sync` (publisher options) and experiments/rl_async.py.
+"""
+
+import ml_collections
+
+from horizon.utils.config import sibling_config
+
+
+def async_config() -> ml_collections.ConfigDict:
+    a = ml_collections.ConfigDict()
+    # --- scheduler
+    a.max_staleness = 1               # trainer_version - token_version bound (admission control); 0 = synchronous
+    a.num_rollout_workers = 1         # rollout processes
+    a.queue_depth = 1                 # outstanding slot requests per worker
+    a.pool = "multiprocessing"        # WorkerPool: "multiprocessing" | "ray" (adapter; ray not shipped)
+    a.poll_s = 0.02                   # orchestrator / trainer polling interval
+    a.weights_timeout_s = 600.0       # a worker waits this long for the weights version it needs
+    # --- environment
+    a.env = "toy"                     # "toy" (single-turn token task, no sandbox) | "synthetic" (config-edit tasks)
+    a.backend = "local"               # sandbox backend for env="synthetic": "docker" | "local"
+    a.toy_max_new_tokens = 24         # generated tokens per toy rollout
+    a.prompt_start = 0                # first prompt index / train seed of the prompt set
+    # --- in-flight weight updates (horizon.rl.workers.generate_inflight)
+    a.chunk_tokens = 8                # decode steps between weight-store checks
+    a.kv_mode = "keep"                # "keep" the old KV cache at a switch | "recompute" the prefill
+    a.weight_poll_interval_s = 0.0    # min seconds between LATEST reads in a worker (0 = every chunk)
+    # --- weight publishing (horizon.rl.weight_sync)
+    a.publish_every = 1               # trainer steps between published versions
+    a.publish_dtype = "bfloat16"      # what samplers run ("bfloat16" | "float32"; trainer keeps f32 master)
+    a.full_every = 10                 # full snapshot every N versions, deltas in between
+    a.keep_fulls = 2                  # full-snapshot chains kept on disk
+    a.codec = "xor_zlib"              # "xor_zlib" (stdlib) | "xor_zstd" (needs zstandard)
+    a.codec_level = 6
+    a.shard_elems = 1 << 20           # leaves split into shards of this many elements
+    a.publish_threads = 1             # compression threads
+    # --- step-level checkpoints (orbax, horizon.train.checkpoint)
+    a.checkpoint_every = 1
+    a.max_checkpoints = 2
+    # --- processes
+    a.threads_per_process = 1         # XLA CPU threads per JAX process (shared 2-core machine)
+    a.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache shared by all processes ("" = off)
+    a.run_dir = "runs/rl_async"
+    a.num_steps = 30
+    return a
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sibling_config(__file__, "rl_tiny.py")
+    c.async_ = async_config()
+    # the toy env: short rows, small buckets; lr high enough to learn in tens of steps
+    c.model.max_seq_len = 128
+    c.rl.group_size = 4
+    c.rl.prompts_per_step = 2
+    c.rl.sampler.min_prompt_bucket = 64
+    c.rl.sampler.min_new_bucket = 32
+    c.rl.batch.min_rows = 8
+    c.rl.batch.min_seq = 64
+    c.rl.optim.lr = 3e-3
+    c.rl.optim.warmup_steps = 0
+    c.rl.kl_coef = 0.0                # no reference forward (faster trainer step on CPU)
+    if "agent" not in c:              # env="synthetic" needs the agent section
+        c.agent = sibling_config(__file__, "agent_tiny.py").agent
+    return c

@@ -1,0 +1,196 @@
+"""Group- and rollout-level checkpoint stores for asynchronous RL (SPEC §4 "Fault tolerance").
+
+Three checkpoint levels make a restart cheap:
+
+* **step level** — trainer weights + optimizer state (orbax, `horizon.train.checkpoint`),
+  written by the trainer process (`horizon.rl.async_loop.trainer_main`);
+* **group level** — `GroupStore`: every scored group (trajectories, rewards, Dr.GRPO
+  advantages, per-token policy-version tags) is written to disk *as soon as it is produced*,
+  one atomic file per slot. A restarted trainer reads ready groups instead of asking for
+  them again; a restarted scheduler re-requests only slots that have no group file;
+* **rollout level** — `RolloutCheckpoints`: an in-progress episode's state (messages, stats,
+  tool state) plus a sandbox filesystem snapshot (`Sandbox.snapshot()`; a Docker image for
+  `DockerSandbox`, created with `keep_snapshots=True` so it outlives the process). Optional:
+  `restore_episode` rebuilds an `Episode` in a sandbox started from the snapshot, so a rollout
+  can continue after a worker restart instead of starting over. (The async loop's default
+  does not use it: our toy rollouts are single-turn; see async_loop's docstring.)
+
+Also `SchedulerState`: the slot table (slot -> prompt id, seed) and the prompt sampler's
+`state_dict`, rewritten atomically whenever a slot is assigned, so a restarted scheduler
+keeps the single-epoch guarantee and re-issues the same prompt for an unfinished slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import pickle
+import re
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+_GROUP_RE = re.compile(r"group_(\d{8})\.pkl")
+
+
+def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
+    """tmp file + fsync + rename: readers see the old file or the new one, never a torn one."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class GroupRecord:
+    """One scored prompt group, the unit the trainer consumes (SPEC §4).
+
+    `trajectories` are `horizon.agent.Trajectory`s (per-token `policy_versions` in their
+    segments); `advantages` are the Dr.GRPO chain advantages (reward - group mean), stored for
+    inspection (the trainer recomputes them identically in `build_batch`).
+    """
+
+    slot: int
+    prompt_id: str
+    trajectories: list
+    rewards: list[float]
+    advantages: list[float]
+    min_version: int                # oldest weights version among the group's tokens
+    max_version: int
+    start_version: int              # weights version the rollout started with
+    generated_tokens: int
+    worker: str
+    seconds: float                  # rollout wall time
+    infos: list[dict] = dataclasses.field(default_factory=list)
+    created: float = dataclasses.field(default_factory=time.time)
+
+
+class GroupStore:
+    """Directory of `group_<slot>.pkl` files, written once each (atomic, no overwrite)."""
+
+    def __init__(self, root: str | pathlib.Path):
+        self.root = pathlib.Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, slot: int) -> pathlib.Path:
+        return self.root / f"group_{int(slot):08d}.pkl"
+
+    def has(self, slot: int) -> bool:
+        return self.path(slot).exists()
+
+    def put(self, record: GroupRecord) -> bool:
+        """Write `record`; returns False (and writes nothing) if the slot already has a group."""
+        p = self.path(record.slot)
+        if p.exists():
+            return False
+        atomic_write_bytes(p, pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+        return True
+
+    def get(self, slot: int) -> GroupRecord:
+        with open(self.path(slot), "rb") as f:
+            return pickle.load(f)
+
+    def ready_slots(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _GROUP_RE.fullmatch(p.name)))
+
+
+class SchedulerState:
+    """Persistent slot table + prompt-sampler state (`scheduler.json`, atomic rewrite)."""
+
+    def __init__(self, path: str | pathlib.Path):
+        self.path = pathlib.Path(path)
+        self.next_slot = 0
+        self.slots: dict[int, dict] = {}
+        self.prompt_sampler: dict | None = None
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> "SchedulerState | None":
+        p = pathlib.Path(path)
+        if not p.exists():
+            return None
+        d = json.loads(p.read_text())
+        s = cls(p)
+        s.next_slot = int(d["next_slot"])
+        s.slots = {int(k): v for k, v in d["slots"].items()}
+        s.prompt_sampler = d["prompt_sampler"]
+        return s
+
+    def save(self) -> None:
+        d = dict(next_slot=self.next_slot, slots={str(k): v for k, v in self.slots.items()},
+                 prompt_sampler=self.prompt_sampler)
+        atomic_write_bytes(self.path, json.dumps(d).encode())
+
+
+# ----------------------------------------------------------------------------- rollout level
+_EPISODE_FIELDS = ("messages", "stats", "segments", "final_answer", "end_reason", "done", "phase",
+                   "_pending_call", "generated_tokens", "tool_state")
+
+
+class RolloutCheckpoints:
+    """Rollout-level checkpoints: episode state + sandbox snapshot ref, one file per rollout."""
+
+    def __init__(self, root: str | pathlib.Path):
+        self.root = pathlib.Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, slot: int, chain: int) -> pathlib.Path:
+        return self.root / f"rollout_{int(slot):08d}_{int(chain):03d}.pkl"
+
+    def save(self, slot: int, chain: int, episode, *, extra: dict | None = None) -> str:
+        """Snapshot `episode.sandbox` and pickle the episode's state; returns the snapshot ref.
+
+        Call between turns (no tool call pending execution) so the filesystem and the
+        message history agree.
+        """
+        if getattr(episode, "_pending_call", None) is not None:
+            raise ValueError("checkpoint between turns: a tool call is still pending")
+        ref = episode.sandbox.snapshot(f"rollout-{slot}-{chain}-{episode.stats.get('turns', 0)}")
+        state = {k: getattr(episode, k) for k in _EPISODE_FIELDS}
+        blob = dict(slot=slot, chain=chain, snapshot=ref, backend=type(episode.sandbox).__name__,
+                    task_id=getattr(episode.task, "id", ""), state=state, extra=dict(extra or {}))
+        atomic_write_bytes(self.path(slot, chain), pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
+        return ref
+
+    def load(self, slot: int, chain: int) -> dict | None:
+        p = self.path(slot, chain)
+        if not p.exists():
+            return None
+        with open(p, "rb") as f:
+            return pickle.load(f)
+
+    def restore_episode(self, slot: int, chain: int, task, registry, tokenizer, cfg,
+                        sandbox_from_snapshot: Callable[[str], Any]):
+        """Rebuild the checkpointed `Episode` in a sandbox made by `sandbox_from_snapshot(ref)`
+        (e.g. `DockerSandbox.from_snapshot`, or `LocalSandbox.create(template=ref)`); None if
+        there is no checkpoint."""
+        from horizon.agent.rollout import Episode  # noqa: PLC0415
+
+        blob = self.load(slot, chain)
+        if blob is None:
+            return None
+        sb = sandbox_from_snapshot(blob["snapshot"])
+        # the constructor wires sandbox/registry/limits; then the saved state replaces its fresh one
+        ep = Episode(task, sb, registry, tokenizer, cfg)
+        for k, v in blob["state"].items():
+            setattr(ep, k, v)
+        ep.ctx.state = ep.tool_state   # tools must mutate the restored todo state
+        return ep
+
+    def discard(self, slot: int, chain: int) -> None:
+        try:
+            self.path(slot, chain).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def group_versions(trajectories) -> tuple[int, int]:
+    """(min, max) policy version over the model tokens of the trajectories (-1 if none)."""
+    vs = [np.asarray(s.policy_versions)[np.asarray(s.loss_mask, bool)] for t in trajectories for s in t.segments]
+    vs = np.concatenate(vs) if vs else np.zeros((0,), np.int32)
+    return (int(vs.min()), int(vs.max())) if vs.size else (-1, -1)

@@ -41,6 +41,15 @@ from horizon.model import layers, rope
 
 NEG_INF = -1e30  # finite mask value (a fully masked row stays finite; cannot happen with causal masks)
 
+# Alternative training-path attention implementations, selected by ``cfg.attention_impl`` (default
+# "local" = `attention` below). `horizon.parallel.context` registers "context_parallel" (SPEC §2).
+ATTENTION_IMPLS: dict = {}
+
+
+def register_attention_impl(name: str, fn) -> None:
+    """Register ``fn(p, x, positions, segment_ids, *, cfg)`` as ``cfg.attention_impl = name``."""
+    ATTENTION_IMPLS[name] = fn
+
 
 def attn_spec(cfg) -> dict:
     """`ParamSpec` tree of one MLA layer (layout fixed in docs/ARCHITECTURE.md)."""
@@ -110,6 +119,12 @@ def attention(
     cfg,
 ) -> Float[Array, "batch seq embed"]:
     """Training-path MLA over a full (packed) sequence: causal and segment-isolated."""
+    impl = cfg.get("attention_impl", "local")
+    if impl != "local":
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl {impl!r} is not registered (known: {['local', *ATTENTION_IMPLS]}); "
+                             "import horizon.parallel to register the parallel implementations")
+        return ATTENTION_IMPLS[impl](p, x, positions, segment_ids, cfg=cfg)
     tables = rope.rope_tables(cfg)
     H, n, v = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
     dt = x.dtype

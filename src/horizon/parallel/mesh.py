@@ -1,0 +1,214 @@
+"""Mesh axes and THE sharding rules: logical axis names -> mesh axes, per preset (SPEC §2).
+
+Mesh axes (always all four, size-1 axes are free)::
+
+    data     pure data parallel: batch split, parameters replicated
+    fsdp     data parallel with parameters / optimizer state split (ZeRO-3)
+    expert   expert parallel for the routed-expert weights; for everything else it is one more
+             data(-FSDP) axis, so EP is carved from DP capacity and never coupled to tensor parallelism
+    context  context parallel: the sequence is split (zigzag layout, `horizon.parallel.context`);
+             for parameters it is folded into FSDP (weights / optimizer state split over it too)
+
+Dense and expert weights use **different shardings of the same devices** (SPEC §2): a dense weight's
+``embed`` (or ``vocab``/``heads``/``mlp``) axis is split over ``(fsdp, context, expert)``; an expert
+weight ``[E, D, F]`` puts its ``expert`` axis on ``expert`` and its ``embed`` axis on the remaining
+``(fsdp, context)``. Rules are resolved per array: each logical axis takes the mesh axes listed for it
+that the array has not used yet and that divide the dimension (dropped from the end otherwise; the
+table printed by `sharding_table` shows the outcome). Activations: batch over ``(data, fsdp, expert)``,
+sequence over ``context``.
+
+Code outside this module never writes a PartitionSpec except inside shard_map bodies
+(`context.py`, `experts.py`), which use the axis constants below.
+
+Multi-host: the same code runs on a GPU cluster after ``jax.distributed.initialize()`` (one process
+per host, `jax.devices()` then lists all hosts' devices and `make_mesh` spans them). Feed each process
+its local slice of the global batch with `jax.make_array_from_process_local_data(batch_sharding(mesh),
+local_batch)`; see `tests/parallel/test_distributed.py` for a 2-process CPU run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from horizon.model import transformer
+
+DATA, FSDP, EXPERT, CONTEXT = "data", "fsdp", "expert", "context"
+AXES = (DATA, FSDP, EXPERT, CONTEXT)
+BATCH_AXES = (DATA, FSDP, EXPERT)  # activations' batch dim
+SEQ_AXIS = CONTEXT                 # activations' sequence dim
+TOKEN_AXES = BATCH_AXES + (SEQ_AXIS,)
+
+# name -> mesh sizes (8 devices each; the CPU test mesh)
+PRESETS: dict[str, dict[str, int]] = {
+    "dp8": dict(data=8, fsdp=1, expert=1, context=1),
+    "fsdp4xcp2": dict(data=1, fsdp=4, expert=1, context=2),
+    "ep4xcp2": dict(data=1, fsdp=1, expert=4, context=2),
+    "ep8": dict(data=1, fsdp=1, expert=8, context=1),
+    "fsdp8": dict(data=1, fsdp=8, expert=1, context=1),
+    "single": dict(data=1, fsdp=1, expert=1, context=1),
+}
+
+_SHARDED = (FSDP, CONTEXT, EXPERT)  # FSDP-style split of a dense weight: CP and EP folded in
+# Logical axis -> candidate mesh axes (MaxText-style logical axis rules). "layers" (scan axis) and
+# the small latent ranks stay replicated; "expert" goes to the expert axis first.
+_FSDP_RULES: dict[str, tuple[str, ...]] = {
+    "expert": (EXPERT,),
+    "vocab": _SHARDED, "embed": _SHARDED, "heads": _SHARDED, "mlp": _SHARDED, "moe_mlp": _SHARDED,
+    "mtp_in": _SHARDED,
+    "layers": (), "q_lora": (), "kv_lora": (), "router_expert": (),
+}
+_REPLICATED_RULES: dict[str, tuple[str, ...]] = {k: () for k in _FSDP_RULES}
+# Preset -> rules table (dp8 is plain DP: every parameter replicated).
+RULES: dict[str, dict[str, tuple[str, ...]]] = {
+    "dp8": _REPLICATED_RULES, "single": _REPLICATED_RULES,
+    "fsdp4xcp2": _FSDP_RULES, "ep4xcp2": _FSDP_RULES, "ep8": _FSDP_RULES, "fsdp8": _FSDP_RULES,
+}
+
+
+def mesh_sizes(mcfg: ml_collections.ConfigDict) -> dict[str, int]:
+    """Axis sizes from ``cfg.mesh``: the preset's if ``mcfg.preset`` is set, else the explicit sizes."""
+    preset = mcfg.get("preset", "")
+    if preset:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown mesh preset {preset!r}; expected one of {sorted(PRESETS)}")
+        return dict(PRESETS[preset])
+    sizes = {a: int(mcfg.get(a, 1)) for a in AXES}
+    for a, n in sizes.items():
+        if n < 1:
+            raise ValueError(f"mesh.{a} must be >= 1, got {n}")
+    return sizes
+
+
+def rules_for(mcfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
+    """The logical-axis rules table of the configured preset (FSDP rules for explicit sizes)."""
+    preset = mcfg.get("preset", "")
+    return RULES.get(preset, _FSDP_RULES)
+
+
+def make_mesh(mcfg: ml_collections.ConfigDict, devices=None) -> jax.sharding.Mesh:
+    """A 4-axis (data, fsdp, expert, context) mesh over `devices` (default: all), Auto axis types."""
+    sizes = mesh_sizes(mcfg)
+    n = math.prod(sizes.values())
+    devices = list(jax.devices() if devices is None else devices)
+    if n != len(devices):
+        raise ValueError(f"mesh {sizes} needs {n} devices, have {len(devices)}")
+    return jax.make_mesh(tuple(sizes[a] for a in AXES), AXES,
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def _axis_size(mesh, names: tuple[str, ...]) -> int:
+    return math.prod(mesh.shape[a] for a in names)
+
+
+def logical_to_spec(logical: tuple[str | None, ...], shape: tuple[int, ...], rules: dict, mesh) -> P:
+    """Resolve one array's logical axes into a PartitionSpec (first come first served, divisibility)."""
+    if len(logical) != len(shape):
+        raise ValueError(f"logical axes {logical} do not match shape {shape}")
+    used: set[str] = set()
+    out = []
+    for name, dim in zip(logical, shape):
+        if name is not None and name not in rules:
+            raise ValueError(f"no sharding rule for logical axis {name!r}; known: {sorted(rules)}")
+        cand = [a for a in (rules.get(name, ()) if name else ()) if a not in used and mesh.shape[a] > 1]
+        while cand and dim % _axis_size(mesh, tuple(cand)):
+            cand.pop()
+        used.update(cand)
+        out.append(tuple(cand) if len(cand) > 1 else (cand[0] if cand else None))
+    return P(*out)
+
+
+def param_specs(params_or_shapes: Any, cfg: ml_collections.ConfigDict, mesh) -> Any:
+    """PartitionSpec per parameter (tree like `params`), from `transformer.param_logical_axes`."""
+    axes = transformer.param_logical_axes(cfg.model)
+    rules = rules_for(cfg.mesh)
+    return jax.tree.map(lambda ax, x: logical_to_spec(ax, tuple(x.shape), rules, mesh), axes, params_or_shapes,
+                        is_leaf=lambda t: isinstance(t, tuple))
+
+
+def param_shardings(params_or_shapes: Any, cfg: ml_collections.ConfigDict, mesh) -> Any:
+    """NamedSharding pytree for `params` (arrays or `jax.ShapeDtypeStruct`s)."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params_or_shapes, cfg, mesh),
+                        is_leaf=lambda s: isinstance(s, P))
+
+
+def batch_sharding(mesh, ndim: int = 2, *, shard_seq: bool = False) -> NamedSharding:
+    """Sharding of a ``[batch, seq, ...]`` input: batch over (data, fsdp, expert); seq over context
+    only if `shard_seq` (inputs arrive in natural order and are permuted to the zigzag layout inside)."""
+    spec = [BATCH_AXES, SEQ_AXIS if shard_seq else None] + [None] * (ndim - 2)
+    return NamedSharding(mesh, P(*spec[:ndim]))
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def _path_keys(path) -> tuple:
+    out = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                out.append(getattr(k, attr))
+                break
+    return tuple(out)
+
+
+def tree_shardings_like_params(tree: Any, params_shardings: Any, mesh) -> Any:
+    """Shardings for a state pytree (optimizer moments, ...): a leaf whose key path ends with a
+    parameter's path and has its shape takes that parameter's sharding; everything else replicated."""
+    by_path = {}
+    for path, sh in jax.tree_util.tree_leaves_with_path(params_shardings, is_leaf=lambda s: isinstance(s, NamedSharding)):
+        by_path[_path_keys(path)] = sh
+    maxlen = max((len(k) for k in by_path), default=0)
+
+    def pick(path, leaf):
+        keys = _path_keys(path)
+        for n in range(min(maxlen, len(keys)), 0, -1):
+            sh = by_path.get(keys[-n:])
+            if sh is not None and len(sh.spec) <= len(getattr(leaf, "shape", ())):
+                try:
+                    sh.shard_shape(tuple(leaf.shape))
+                    return sh
+                except ValueError:
+                    pass
+        return replicated(mesh)
+
+    return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+def shard_params(params: Any, cfg: ml_collections.ConfigDict, mesh) -> Any:
+    """Place `params` on `mesh` with `param_shardings`."""
+    return jax.device_put(params, param_shardings(params, cfg, mesh))
+
+
+def sharding_table(params: Any, cfg: ml_collections.ConfigDict, mesh) -> str:
+    """One line per parameter: path, shape, logical axes, PartitionSpec, per-device shard shape."""
+    axes = transformer.param_logical_axes(cfg.model)
+    specs = param_specs(params, cfg, mesh)
+    rows = []
+    flat_ax = jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda t: isinstance(t, tuple))
+    flat_x = jax.tree.leaves(params)
+    flat_s = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
+    for (path, ax), x, s in zip(flat_ax, flat_x, flat_s):
+        name = "/".join(str(k) for k in _path_keys(path))
+        shard = NamedSharding(mesh, s).shard_shape(tuple(x.shape))
+        rows.append(f"{name:<34} {str(tuple(x.shape)):<18} {str(ax):<42} {str(tuple(s)):<40} {shard}")
+    head = f"mesh {dict(mesh.shape)}\n{'param':<34} {'shape':<18} {'logical':<42} {'spec':<40} shard"
+    return "\n".join([head] + rows)
+
+
+def bytes_per_device(tree: Any, shardings: Any) -> int:
+    """Bytes one device holds for `tree` under `shardings` (for the memory column of the benchmark)."""
+    tot = 0
+    for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings, is_leaf=lambda s: isinstance(s, NamedSharding))):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            itemsize = 8  # a threefry key: 2 x uint32
+        else:
+            itemsize = np.dtype(x.dtype).itemsize
+        tot += int(np.prod(s.shard_shape(tuple(x.shape)))) * itemsize
+    return tot

@@ -1,0 +1,203 @@
+"""Sharded LM / RL train steps and forward under a (data, fsdp, expert, context) mesh (SPEC §2).
+
+`configure(cfg)` copies the config and selects the shard_map paths from ``cfg.mesh``:
+``attention_impl = "context_parallel"`` when ``context > 1`` and ``moe_impl = "expert_parallel"``
+when the model has experts and ``expert > 1`` or ``context > 1`` (the EP block keeps the MoE layer
+local to each device's tokens; with ``expert == 1`` it does no all-to-all).
+
+LM step with CP: the batch arrives in natural order, sharded over the batch axes; inside the jitted
+step the next-token targets and weights are computed in natural order (`loss.next_token_targets`),
+then tokens, positions, segment ids, targets and weights are permuted to the zigzag layout and
+constrained to ``P(batch, context)``; the model runs in that layout and the token-sum loss is
+permutation invariant. MTP needs natural-order shifts and is refused with CP > 1.
+
+RL step: `horizon.rl.trainer`'s step is jitted with shardings; its loss shifts logits in natural
+order, so with CP it runs the model with ``cp_layout = "natural"`` (the attention permutes around
+itself; correct, two extra reshuffles per layer).
+
+All step functions enter ``jax.set_mesh(mesh)`` so the shard_map bodies find the mesh.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from horizon.model import loss as lm_loss
+from horizon.model import moe, transformer
+from horizon.parallel import context, experts  # noqa: F401  (register the shard_map implementations)
+from horizon.parallel import mesh as pmesh
+from horizon.train import lm, optim
+
+
+def configure(cfg: ml_collections.ConfigDict, *, cp_layout: str = "zigzag") -> ml_collections.ConfigDict:
+    """Copy of `cfg` with the model's attention / MoE implementations chosen from ``cfg.mesh``."""
+    sizes = pmesh.mesh_sizes(cfg.mesh)
+    c = copy.deepcopy(cfg)
+    m = c.mesh
+    with c.unlocked():
+        c.model.attention_impl = context.IMPL_NAME if sizes["context"] > 1 else "local"
+        use_ep = c.model.num_experts > 0 and (sizes["expert"] > 1 or sizes["context"] > 1)
+        c.model.moe_impl = experts.IMPL_NAME if use_ep else "local"
+        c.model.cp_layout = cp_layout
+        c.model.ep_capacity_factor = float(m.get("capacity_factor", 0.0))
+        c.model.ep_dispatch = str(m.get("ep_dispatch", "padded"))
+        c.model.ep_payload = str(m.get("ep_payload", "compute"))
+        c.model.ep_microbatches = int(m.get("ep_microbatches", 1))
+    if sizes["context"] > 1 and cp_layout == "zigzag" and c.model.mtp_depth > 0:
+        raise ValueError("MTP with context parallelism (zigzag layout) is not supported: mtp needs natural order")
+    return c
+
+
+def cp_size(cfg) -> int:
+    return pmesh.mesh_sizes(cfg.mesh)["context"]
+
+
+def lm_losses(params: Any, batch: lm.Batch, *, cfg, mesh) -> tuple[jax.Array, dict]:
+    """`lm.losses` for a configured cfg; with CP the model runs in the zigzag layout."""
+    cp = cp_size(cfg)
+    if cp == 1:
+        return lm.losses(params, batch, cfg=cfg)
+    tokens, seg, pos, mask = batch["tokens"], batch["segment_ids"], batch["positions"], batch["mask"]
+    S = tokens.shape[1]
+    if S % (2 * cp):
+        raise ValueError(f"seq_len {S} must be divisible by 2*context={2 * cp} for the zigzag layout")
+    tgt, w = lm_loss.next_token_targets(tokens, mask, seg)
+    sh = NamedSharding(mesh, P(pmesh.BATCH_AXES, pmesh.SEQ_AXIS))
+    zz = [jax.lax.with_sharding_constraint(context.zigzag_permute(a, cp), sh) for a in (tokens, seg, pos, tgt, w)]
+    tokens_z, seg_z, pos_z, tgt_z, w_z = zz
+    logits, aux = transformer.forward(params, tokens_z, cfg=cfg.model, positions=pos_z, segment_ids=seg_z)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, tgt_z[..., None], axis=-1)[..., 0]
+    count = w_z.sum()
+    ce = jnp.sum(nll * w_z) / jnp.maximum(count, 1.0)
+    return ce, {"loss": ce, "tokens": count, "router_load": aux["router_load"]}
+
+
+def lm_train_step(state: lm.TrainState, batch: lm.Batch, *, cfg, mesh, with_grads: bool = False):
+    """`lm.train_step` with `lm_losses` (same optimizer, router-bias update and metrics).
+
+    With `with_grads`, metrics also hold ``grads`` (for the equivalence tests)."""
+    (objective, aux), grads = jax.value_and_grad(partial(lm_losses, cfg=cfg, mesh=mesh), has_aux=True)(
+        state.params, batch)
+    trainable = lm.trainable_mask(state.params, cfg)
+    tx = optim.make_optimizer(cfg.train, trainable)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    load = aux["router_load"]
+    if load.size and not cfg.train.mtp_freeze_trunk:
+        params = moe.update_router_bias(params, load, cfg.model)
+    grad_norm = optax.tree.norm(jax.tree_util.tree_leaves(
+        jax.tree_util.tree_map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable)))
+    metrics = {"loss": aux["loss"], "objective": objective, "grad_norm": grad_norm,
+               "lr": optim.lr_schedule(cfg.train)(state.step), "tokens": aux["tokens"]}
+    if load.size:
+        metrics["router_imbalance"] = jnp.mean(load.max(-1) / jnp.maximum(load.mean(-1), 1e-9))
+    if with_grads:
+        metrics["grads"] = grads
+    rng, _ = jax.random.split(state.rng)
+    return lm.TrainState(state.step + 1, params, opt_state, rng), metrics
+
+
+def state_shardings(state_shapes: Any, params_shapes: Any, cfg, mesh) -> Any:
+    """Shardings of a train state: params by the rules, optimizer moments like their params."""
+    ps = pmesh.param_shardings(params_shapes, cfg, mesh)
+    return pmesh.tree_shardings_like_params(state_shapes, ps, mesh)
+
+
+def _with_mesh(fn: Callable, mesh) -> Callable:
+    def run(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    run.jitted = fn
+    return run
+
+
+def make_lm_train_step(cfg, mesh, state_shapes: lm.TrainState, *, with_grads: bool = False):
+    """(step(state, batch) -> (state, metrics), state shardings, batch sharding) for one mesh.
+
+    `cfg` is the unconfigured config (``cfg.mesh`` decides the paths); the step donates nothing."""
+    c = configure(cfg)
+    st_sh = state_shardings(state_shapes, state_shapes.params, c, mesh)
+    b_sh = pmesh.batch_sharding(mesh)
+    metrics_sh = None  # let XLA pick (scalars end up replicated)
+    fn = jax.jit(partial(lm_train_step, cfg=c, mesh=mesh, with_grads=with_grads),
+                 in_shardings=(st_sh, b_sh), out_shardings=(st_sh, metrics_sh))
+    return _with_mesh(fn, mesh), st_sh, b_sh
+
+
+def make_forward(cfg, mesh, params_shapes: Any):
+    """Jitted sharded `transformer.forward(params, tokens, positions, segment_ids)` in natural order."""
+    c = configure(cfg, cp_layout="natural")
+    p_sh = pmesh.param_shardings(params_shapes, c, mesh)
+    b_sh = pmesh.batch_sharding(mesh)
+
+    def f(params, tokens, positions, segment_ids):
+        return transformer.forward(params, tokens, cfg=c.model, positions=positions, segment_ids=segment_ids)
+
+    fn = jax.jit(f, in_shardings=(p_sh, b_sh, b_sh, b_sh))
+    return _with_mesh(fn, mesh)
+
+
+def rl_batch_shardings(batch: dict, mesh) -> dict:
+    """[R, S] and [R] arrays over the batch axes, replay indices [L, R*S, k] on their token axis,
+    group-level arrays replicated."""
+    R, S = batch["tokens"].shape
+    nb = pmesh._axis_size(mesh, pmesh.BATCH_AXES)
+    out = {}
+    for k, v in batch.items():
+        shape = tuple(v.shape)
+        if k == "replay_indices" and len(shape) == 3 and shape[1] % nb == 0:
+            out[k] = NamedSharding(mesh, P(None, pmesh.BATCH_AXES, None))
+        elif shape[:1] == (R,) and R % nb == 0 and k not in ("chain_advantages",):
+            out[k] = NamedSharding(mesh, P(pmesh.BATCH_AXES, *([None] * (len(shape) - 1))))
+        else:
+            out[k] = pmesh.replicated(mesh)
+    return out
+
+
+def make_rl_train_step(cfg, mesh, state_shapes: Any, batch_shapes: dict):
+    """Sharded `horizon.rl.trainer` step: (step(state, batch), state shardings, batch shardings)."""
+    from horizon.rl import trainer as rl_trainer
+
+    c = configure(cfg, cp_layout="natural")
+    frozen = ml_collections.FrozenConfigDict(c)
+    st_sh = state_shardings(state_shapes, state_shapes.params, c, mesh)
+    b_sh = rl_batch_shardings(batch_shapes, mesh)
+    fn = jax.jit(partial(rl_trainer._train_step, cfg=frozen), in_shardings=(st_sh, b_sh), out_shardings=(st_sh, None))
+    return _with_mesh(fn, mesh), st_sh, b_sh
+
+
+_COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+                "ragged-all-to-all")
+_DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f8e4m3fn": 1,
+                "f8e8m0fnu": 1, "s64": 8, "f64": 8}
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Per-device bytes of every collective's RESULT in optimized (SPMD-partitioned) HLO text, by op.
+
+    Counted once per op in the HLO (ops inside a while/scan body run once per iteration: the
+    benchmark multiplies nothing, so layer-scanned collectives count once per layer group)."""
+    import re
+
+    out = {c: 0 for c in _COLLECTIVES}
+    pat = re.compile(r"=\s+(\(.*?\)|\w+\[[\d,]*\](?:\{[^}]*\})?)\s+(" + "|".join(_COLLECTIVES) + r")(?:-start)?\(")
+    for m in pat.finditer(hlo_text):
+        total = 0
+        for dt, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
+            n = 1
+            for d in dims.split(","):
+                if d:
+                    n *= int(d)
+            total += n * _DTYPE_BYTES.get(dt, 4)
+        out[m.group(2)] += total
+    return out

@@ -52,6 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
     c = sibling_config(__file__, "tiny.py")
     c.rl = rl_config()
     _add_trainer_fields(c)
+    _add_experiment_fields(c)
     return c
 
 
@@ -90,3 +91,50 @@ def _add_trainer_fields(c: ml_collections.ConfigDict) -> None:
     r.hard_prompt_weight = 1.0        # p(prompt) ~ exp(weight * (hardness - 1))
     r.hard_prompt_turns_weight = 1.0  # hardness mixes turns ...
     r.hard_prompt_thinking_weight = 1.0  # ... and thinking tokens (each relative to the global mean)
+
+
+# ============================================================================= RL experiment block
+# Owned by experiments/rl.py (the CPU demo: SFT warm start, then RL on the synthetic config-edit
+# family, horizon.tasks.synthetic). Everything lives under `c.exp`; `exp.model`, `exp.agent` and
+# `exp.rl` are *overrides* the driver applies to c.model / the agent config / c.rl at run time, so
+# the shared sections above keep their defaults for other users of this file.
+def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
+    e = ml_collections.ConfigDict()
+    e.env = "synthetic"               # task family (horizon.tasks.synthetic, compact `set` tool)
+    e.backend = "docker"              # sandbox backend for rollouts and eval ("local" = unisolated)
+    e.out_dir = "runs/rl_tiny"
+    e.steps = 24                      # RL steps
+    e.n_sft_tasks = 4096              # train seeds [0, n) for demonstrations; RL prompts come after them
+    e.value_range = (10, 99)          # constant values (2 digits: the copy the policy must get right)
+    e.pool_size = 32                  # pooled sandboxes (= rollouts per RL step = eval chunk)
+    e.sandbox_cpus = 0.5              # docker limits per sandbox
+    e.sandbox_mem = "256m"
+    e.verify_timeout_s = 20.0
+    e.plot = True
+    # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)
+    e.sft = ml_collections.ConfigDict(dict(
+        steps=400, batch_size=16, seq_len=208,  # rows padded to seq_len (context ~95 + call ~100 tokens)
+        corrupt_prob=0.3,             # demos whose value is replaced by a random one (leaves RL headroom)
+        log_every=50,
+        optim=ml_collections.ConfigDict(dict(
+            steps=400, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
+            b1=0.9, b2=0.95, eps=1e-8, grad_clip=1.0, mtp_loss_weight=0.0, mtp_freeze_trunk=False)),
+    ))
+    # --- held-out eval: unseen seeds, `passes` independent sampled passes (std over passes = eval noise)
+    e.eval = ml_collections.ConfigDict(dict(n_tasks=64, passes=4, every=8, temperature=1.0))
+    # --- overrides of the shared sections for this environment
+    e.model = ml_collections.ConfigDict(dict(max_seq_len=256))
+    e.agent = ml_collections.ConfigDict(dict(
+        max_turns=1,                  # one call ends the episode (end reason "max_turns", not truncated)
+        max_new_tokens=112,           # the call is ~100 bytes
+        max_context_tokens=240, trigger_tokens=200, context_strategy="none",
+        include_file_listing=False,   # the prompt names the file; saves one exec per episode
+        max_malformed_calls=1, num_tool_workers=8, tool_timeout_s=20.0,
+    ))
+    e.rl = ml_collections.ConfigDict(dict(
+        group_size=4, prompts_per_step=8,
+        sampler=ml_collections.ConfigDict(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=128)),
+        batch=ml_collections.ConfigDict(dict(min_rows=32, min_seq=256)),
+        optim=ml_collections.ConfigDict(dict(steps=24, lr=1e-3, warmup_steps=2, min_lr_ratio=1.0)),
+    ))
+    c.exp = e

@@ -1,0 +1,273 @@
+"""Eval harness: N passes of a policy over a task set in sandboxes (SPEC §7).
+
+For every (task, pass) an `Episode` runs in its own fresh sandbox; up to `max_parallel` episodes
+are driven in lockstep by `horizon.agent.run_episodes` (one batched policy call per step), their
+sandboxes are opened / verified / closed from a thread pool. Per episode we record reward, the
+agent's stats (STATS_KEYS), completion tokens, end-to-end latency, inference-cost estimate and
+behaviour flags; `summarize` turns the records into per-task and overall tables.
+
+Metrics (per task over its n passes, then averaged over tasks with equal weight):
+- accuracy: mean reward over passes ("mean accuracy" of the report's figure 5).
+- pass@k, k = 1..n ("best-of-K"): the unbiased estimator of Chen et al. 2021 (Codex),
+  pass@k = 1 - C(n-c, k) / C(n, k), with c = passes whose reward >= success_threshold. It is
+  the probability that at least one of k passes drawn without replacement from the n solves the
+  task, i.e. an unbiased estimate of best-of-k success; pass@1 = c/n.
+- completion_tokens: model-generated tokens over the whole chain (summaries included).
+- latency_s: wall time from the start of the lockstep batch until the episode was seen done
+  (generation + tool calls, at the granularity of one lockstep step; excludes sandbox start
+  and verification, which are reported separately as sandbox_s / verify_s).
+- inference FLOPs ≈ 2 · active_params · tokens (a forward costs ~2 FLOPs per active weight per
+  token; attention's quadratic term is ignored). `gen_flops` uses completion tokens only;
+  `flops` uses every token the model processes assuming a prefix-cached server: each token of
+  each context segment once (prompt, observations and generations; a summary restarts the
+  context, so the rewritten context is processed again). active_params from
+  `horizon.model.params.count_params` (routed experts a token does not use are excluded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from horizon.agent import STATS_KEYS, Episode, Message, ScriptedPolicy, run_episodes
+from horizon.eval import behaviour
+
+Policy = Callable[[list, int], list]
+
+
+# ------------------------------------------------------------------------------------ estimators
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c successes: 1 - C(n-c, k)/C(n, k) (Chen et al. 2021).
+
+    Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), which avoids huge binomials.
+    """
+    if not (isinstance(n, (int, np.integer)) and isinstance(c, (int, np.integer)) and isinstance(k, (int, np.integer))):
+        raise TypeError(f"n, c, k must be ints, got {n!r}, {c!r}, {k!r}")
+    if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need n >= 1, 0 <= c <= n, 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def inference_flops(active_params: int, tokens: int) -> float:
+    """Forward-pass FLOPs ≈ 2 · active params · tokens (module docstring)."""
+    return 2.0 * float(active_params) * float(tokens)
+
+
+# ------------------------------------------------------------------------------------ policies
+def policy_from_params(params: dict, cfg, key, **sampler_overrides) -> Policy:
+    """Batched sampling policy over an in-memory param tree (`horizon.rl.sampler.make_policy`)."""
+    from horizon.rl.sampler import ParamsHolder, make_policy
+
+    return make_policy(ParamsHolder(params), cfg, key, **sampler_overrides)
+
+
+def load_params(ckpt_dir: str, cfg, key=None) -> tuple[dict, dict]:
+    """(params, meta) from the newest orbax checkpoint in `ckpt_dir` (a `Checkpointer` dir whose
+    `state` item is an lm TrainState or an rl RLState; only `params` is used). `""` = a fresh
+    init from `key` (untrained baseline), meta {"step": 0}."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from horizon.model import transformer
+
+    if not ckpt_dir:
+        key = jax.random.key(int(cfg.seed)) if key is None else key
+        return transformer.init(key, cfg.model), {"step": 0, "source": "init"}
+    import pathlib
+    path = pathlib.Path(ckpt_dir).resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint dir {path} does not exist")
+    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"))
+    step = mngr.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint steps in {path}")
+    abstract = jax.eval_shape(lambda k: transformer.init(k, cfg.model), jax.random.key(0))
+    raw = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    state, meta = raw["state"], dict(raw["meta"] or {})
+    params = state["params"] if isinstance(state, dict) else state.params
+    want = jax.tree.structure(abstract)
+    if jax.tree.structure(params) != want:
+        raise ValueError(f"checkpoint {path}/{step} params do not match cfg.model's param tree")
+    bad = [(a.shape, b.shape) for a, b in zip(jax.tree.leaves(abstract), jax.tree.leaves(params)) if a.shape != b.shape]
+    if bad:
+        raise ValueError(f"checkpoint {path}/{step} param shapes differ from cfg.model: {bad[:3]}")
+    params = jax.tree.map(lambda a, x: jax.numpy.asarray(x, a.dtype), abstract, params)
+    mngr.close()
+    return params, dict(meta, step=int(step), source=str(path))
+
+
+def scripted_policy(tasks, tokenizer) -> Policy:
+    """The tasks' scripted solutions as a policy (harness tests; upper-bound row)."""
+    return ScriptedPolicy.from_tasks(tasks, tokenizer)
+
+
+# ------------------------------------------------------------------------------------ running
+@dataclasses.dataclass
+class EvalSetup:
+    """What the harness needs besides the policy. `registry_fn(task)` gives the task's tool set;
+    `open_fn(task)` opens its sandbox (default: `open_task_sandbox(task, backend)`)."""
+
+    agent_cfg: Any
+    tokenizer: Any
+    registry_fn: Callable
+    num_passes: int
+    max_parallel: int = 8
+    backend: str = "docker"
+    verify_timeout_s: float = 60.0
+    success_threshold: float = 1.0
+    active_params: int = 0
+    open_fn: Callable | None = None
+    system_prompt: str | None = None     # replaces the agent's system message (e.g. synthetic.SYSTEM_PROMPT)
+
+
+def make_episode(task, sandbox, setup: EvalSetup) -> Episode:
+    """The agent episode the harness runs (with `setup.system_prompt` as the system message if set)."""
+    ep = Episode(task, sandbox, setup.registry_fn(task), setup.tokenizer, setup.agent_cfg)
+    if setup.system_prompt:
+        ep.messages[0] = Message("system", setup.system_prompt, kind="system")
+    return ep
+
+
+class _DoneClock:
+    """Wraps a policy: at each call, stamps episodes that have finished since the last call."""
+
+    def __init__(self, policy: Policy, episodes: Sequence[Episode]):
+        self.policy, self.episodes = policy, episodes
+        self.t0 = time.perf_counter()
+        self.done_at: dict[int, float] = {}
+        self.gen_s = 0.0
+
+    def stamp(self) -> None:
+        now = time.perf_counter() - self.t0
+        for i, e in enumerate(self.episodes):
+            if e.done and i not in self.done_at:
+                self.done_at[i] = now
+
+    def __call__(self, contexts, max_new_tokens):
+        self.stamp()
+        t = time.perf_counter()
+        out = self.policy(contexts, max_new_tokens)
+        self.gen_s += time.perf_counter() - t
+        return out
+
+
+def _open(setup: EvalSetup, task):
+    if setup.open_fn is not None:
+        return setup.open_fn(task)
+    from horizon.tasks import open_task_sandbox
+    return open_task_sandbox(task, backend=setup.backend)
+
+
+def _finish_one(setup: EvalSetup, task, sb, traj) -> dict:
+    from horizon.tasks import verify
+
+    t = time.perf_counter()
+    v = verify(task, sb, traj.final_answer, timeout=setup.verify_timeout_s)
+    verify_s = time.perf_counter() - t
+    edited = behaviour.eager_edit(task, sb) if not task.should_edit else None
+    return dict(reward=float(v.reward), tests_passed=int(v.passed), tests_total=int(v.total), verify_s=verify_s,
+                edited_files=edited)
+
+
+def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: str = "policy",
+             log: Callable[[str], None] | None = None) -> list[dict]:
+    """Run `setup.num_passes` episodes of every task; one record (dict) per episode."""
+    if setup.num_passes < 1:
+        raise ValueError(f"num_passes must be >= 1, got {setup.num_passes}")
+    if setup.max_parallel < 1:
+        raise ValueError(f"max_parallel must be >= 1, got {setup.max_parallel}")
+    if not tasks:
+        raise ValueError("run_eval needs at least one task")
+    jobs = [(t, p) for p in range(setup.num_passes) for t in tasks]
+    cfg = setup.agent_cfg
+    max_steps = 2 * (int(cfg.max_turns) + int(cfg.max_malformed_calls)) + 8
+    records: list[dict] = []
+    pool = ThreadPoolExecutor(max(1, min(setup.max_parallel, 16)))
+    try:
+        for lo in range(0, len(jobs), setup.max_parallel):
+            chunk = jobs[lo:lo + setup.max_parallel]
+            t = time.perf_counter()
+            futs = [pool.submit(_open, setup, task) for task, _ in chunk]
+            boxes = []
+            err = None
+            for f in futs:
+                try:
+                    boxes.append(f.result())
+                except Exception as e:  # noqa: BLE001 - close the ones that opened, then re-raise
+                    err = err or e
+            try:
+                if err is not None:
+                    raise err
+                sandbox_s = time.perf_counter() - t
+                eps = [make_episode(task, sb, setup) for (task, _), sb in zip(chunk, boxes)]
+                clock = _DoneClock(policy, eps)
+                trajs = run_episodes(clock, eps, max_steps=max_steps, num_tool_workers=int(cfg.num_tool_workers))
+                clock.stamp()
+                finished = list(pool.map(lambda a: _finish_one(setup, *a), zip([c[0] for c in chunk], boxes, trajs)))
+            finally:
+                list(pool.map(lambda sb: sb.close(), boxes))
+            for i, ((task, p), tr, fin) in enumerate(zip(chunk, trajs, finished)):
+                processed = int(sum(len(s.tokens) for s in tr.segments))
+                rec = dict(policy=policy_name, task_id=task.id, kind=task.kind, should_edit=bool(task.should_edit),
+                           pass_index=p, end_reason=tr.end_reason, completion_tokens=tr.num_generated_tokens,
+                           processed_tokens=processed, latency_s=clock.done_at.get(i, float("nan")),
+                           batch_gen_s=clock.gen_s, sandbox_s=sandbox_s, **fin,
+                           **{k: int(tr.stats.get(k, 0)) for k in STATS_KEYS})
+                rec["solved"] = rec["reward"] >= setup.success_threshold
+                rec["gen_flops"] = inference_flops(setup.active_params, rec["completion_tokens"])
+                rec["flops"] = inference_flops(setup.active_params, processed)
+                rec["eager_edit"] = None if rec["edited_files"] is None else bool(rec["edited_files"])
+                records.append(rec)
+            if log:
+                done = len(records)
+                log(f"[{policy_name}] {done}/{len(jobs)} episodes, solved so far "
+                    f"{sum(r['solved'] for r in records)}/{done} ({time.perf_counter() - t:.1f}s this batch)")
+    finally:
+        pool.shutdown()
+    return records
+
+
+# ------------------------------------------------------------------------------------ summaries
+PER_TASK_MEANS = ("completion_tokens", "tool_calls", "turns", "summaries", "latency_s", "gen_flops", "flops")
+
+
+def summarize(records: Sequence[dict], num_passes: int | None = None) -> tuple[list[dict], dict]:
+    """(per-task rows, overall row) from `run_eval` records of ONE policy (see module docstring)."""
+    if not records:
+        raise ValueError("no records to summarize")
+    by_task: dict[str, list[dict]] = {}
+    for r in records:
+        by_task.setdefault(r["task_id"], []).append(r)
+    ns = {len(v) for v in by_task.values()}
+    n = min(ns) if num_passes is None else int(num_passes)
+    if any(len(v) < n for v in by_task.values()):
+        raise ValueError(f"every task needs >= {n} passes, got counts {sorted(ns)}")
+    rows = []
+    for tid, rs in by_task.items():
+        rs = sorted(rs, key=lambda r: r["pass_index"])[:n]
+        c = sum(bool(r["solved"]) for r in rs)
+        row = dict(policy=rs[0]["policy"], task_id=tid, kind=rs[0]["kind"], n=n, solved=c,
+                   accuracy=float(np.mean([r["reward"] for r in rs])))
+        for k in range(1, n + 1):
+            row[f"best_of_{k}"] = pass_at_k(n, c, k)
+        for key in PER_TASK_MEANS:
+            vals = [r[key] for r in rs if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+            row[key] = float(np.mean(vals)) if vals else float("nan")
+        rows.append(row)
+    overall = dict(policy=rows[0]["policy"], tasks=len(rows), n=n, episodes=len(records),
+                   accuracy=float(np.mean([r["accuracy"] for r in rows])))
+    for k in range(1, n + 1):
+        overall[f"best_of_{k}"] = float(np.mean([r[f"best_of_{k}"] for r in rows]))
+    for key in PER_TASK_MEANS:
+        overall[key] = float(np.nanmean([r[key] for r in rows]))
+    overall["total_flops"] = float(sum(r["flops"] for r in records))
+    overall.update(behaviour.behaviour_metrics(records))
+    return rows, overall

@@ -1,0 +1,119 @@
+"""Writing eval/sweep results: JSONL records, Markdown tables and metric plots (SPEC §7).
+
+Every experiment writes `metrics.jsonl` (one JSON object per line); `plot_jsonl` re-plots any
+numeric keys of such a file against a chosen x key (experiments/plot.py is its CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any, Iterable, Sequence
+
+
+def write_jsonl(path: str | pathlib.Path, records: Iterable[dict]) -> pathlib.Path:
+    """Write `records` one JSON object per line (overwrites)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, sort_keys=True, default=_jsonable) + "\n" for r in records))
+    return path
+
+
+def read_jsonl(path: str | pathlib.Path) -> list[dict]:
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such JSONL file: {path}")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not JSON: {e}") from None
+    return out
+
+
+def _jsonable(x: Any):
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """Compact cell text: ints as is, floats with `digits` significant decimals, big numbers in e-notation."""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+            return f"{v:.{digits - 1}e}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, headers: Sequence[str] | None = None) -> str:
+    """GitHub Markdown table of `rows` (dicts); missing cells are blank. Columns default to the union of keys."""
+    if columns is None:
+        columns = []
+        for r in rows:
+            columns += [k for k in r if k not in columns]
+    headers = list(headers) if headers is not None else list(columns)
+    if len(headers) != len(columns):
+        raise ValueError(f"{len(headers)} headers for {len(columns)} columns")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r[c]) if c in r else "" for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_jsonl(path: str | pathlib.Path, out: str | pathlib.Path, *, x: str = "step", y: Sequence[str] | None = None,
+               group: str | None = None, logy: bool = False, title: str | None = None) -> pathlib.Path:
+    """Plot keys `y` (default: every numeric key but `x`) against `x` from a metrics JSONL to a PNG.
+
+    Records lacking `x` or a `y` key are skipped for that curve; `group` splits curves by a key's value
+    (e.g. one curve per run or per policy).
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = read_jsonl(path)
+    if not recs:
+        raise ValueError(f"{path} has no records to plot")
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if y is None:
+        y = sorted({k for r in recs for k, v in r.items() if k not in (x, group) and num(v)})
+    y = list(y)
+    if not any(x in r for r in recs):
+        raise KeyError(f"x key {x!r} is in no record of {path}; keys: {sorted({k for r in recs for k in r})}")
+    missing = [k for k in y if not any(k in r for r in recs)]
+    if missing:
+        raise KeyError(f"y keys {missing} are in no record of {path}; keys: {sorted({k for r in recs for k in r})}")
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    groups = sorted({str(r.get(group)) for r in recs}) if group else [None]
+    for g in groups:
+        sub = [r for r in recs if group is None or str(r.get(group)) == g]
+        for k in y:
+            pts = sorted((r[x], r[k]) for r in sub if x in r and k in r and num(r[x]) and num(r[k]))
+            if pts:
+                label = k if g is None else f"{k} [{group}={g}]"
+                ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None, label=label)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y[0] if len(y) == 1 else "value")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or pathlib.Path(path).name)
+    fig.tight_layout()
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

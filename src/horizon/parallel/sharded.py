@@ -16,6 +16,15 @@ order, so with CP it runs the model with ``cp_layout = "natural"`` (the attentio
 itself; correct, two extra reshuffles per layer).
 
 All step functions enter ``jax.set_mesh(mesh)`` so the shard_map bodies find the mesh.
+
+Sampling (`make_generate`): `horizon.rl.sampler.generate` runs unchanged on sharded inputs. Params
+are placed by the same rules (`shard_for_sampling`), the padded prompt block, lengths and the latent
+KV cache ``[L, b, slots, r]`` are split over the batch axes (the cache's ``r`` also over ``context``), and the sampler's jitted prefill / decode
+step are then partitioned by GSPMD from those input shardings (FSDP weights are all-gathered per
+layer; the cache stays batch-sharded across steps). Decode uses the **plain** paths
+(``attention_impl = moe_impl = "local"``, `sampling_config`): a decode step has one token per row, so
+there is no sequence to split over ``context`` (the context devices hold replicas of their batch
+shard's rows and act as FSDP devices for the weights), and the EP shard_map is the training path.
 """
 
 from __future__ import annotations
@@ -174,6 +183,80 @@ def make_rl_train_step(cfg, mesh, state_shapes: Any, batch_shapes: dict):
     b_sh = rl_batch_shardings(batch_shapes, mesh)
     fn = jax.jit(partial(rl_trainer._train_step, cfg=frozen), in_shardings=(st_sh, b_sh), out_shardings=(st_sh, None))
     return _with_mesh(fn, mesh), st_sh, b_sh
+
+
+def sampling_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Copy of `cfg` for decoding under ``cfg.mesh``: plain attention / MoE (see module docstring)."""
+    c = copy.deepcopy(cfg)
+    with c.unlocked():
+        c.model.attention_impl = "local"
+        c.model.moe_impl = "local"
+    return c
+
+
+def shard_for_sampling(params: Any, cfg: ml_collections.ConfigDict, mesh) -> Any:
+    """`params` placed with the preset's rules (`mesh.param_shardings`) for `make_generate`."""
+    return jax.device_put(params, pmesh.param_shardings(params, sampling_config(cfg), mesh))
+
+
+def sampling_placer(mesh) -> Callable:
+    """``place(cache, tokens, lengths)`` for `sampler.generate`: every array split on its batch dim
+    over the batch axes (cache leaves ``[L, b, slots, r]``: dim 1; tokens ``[b, p]``, lengths ``[b]``:
+    dim 0; ``tokens`` may be ``[b]`` too); the cache's latent dim ``r`` also over ``context`` (when it divides), which is the layout
+    GSPMD gives the decode step's updated cache, so the donated cache keeps one layout across steps
+    and the context devices hold no replicas of it."""
+    nb = pmesh._axis_size(mesh, pmesh.BATCH_AXES)
+    ncp = mesh.shape[pmesh.SEQ_AXIS]
+
+    def put(a, spec):
+        if a.shape[spec.index(pmesh.BATCH_AXES)] % nb:
+            raise ValueError(f"sampling batch {a.shape} is not divisible by the mesh batch axes ({nb})")
+        return jax.device_put(a, NamedSharding(mesh, P(*spec)))
+
+    def cache_spec(a):
+        r = pmesh.SEQ_AXIS if a.ndim == 4 and ncp > 1 and a.shape[3] % ncp == 0 else None
+        return [None, pmesh.BATCH_AXES] + [None] * (a.ndim - 3) + [r]
+
+    def place(cache, tokens, lengths):
+        cache = jax.tree.map(lambda a: put(a, cache_spec(a)), cache)
+        row = lambda a: put(a, [pmesh.BATCH_AXES] + [None] * (a.ndim - 1))
+        return cache, row(tokens), row(lengths)
+
+    return place
+
+
+def make_generate(cfg: ml_collections.ConfigDict, mesh) -> Callable:
+    """``generate(params, prompts, key, *, max_new_tokens, **sampler_kwargs)`` sharded over `mesh`.
+
+    `params` should come from `shard_for_sampling`. The batch bucket is at least the batch-axes size
+    (``min_batch_bucket`` defaults to it) so every row block divides evenly; returns
+    `sampler.SampleOutput` exactly like the single-device call."""
+    from horizon.rl import sampler
+
+    c = sampling_config(cfg)
+    nb = pmesh._axis_size(mesh, pmesh.BATCH_AXES)
+    place = sampling_placer(mesh)
+
+    def generate(params, prompts, key, *, max_new_tokens: int, **kw):
+        kw["min_batch_bucket"] = max(int(kw.get("min_batch_bucket", 1)), nb)
+        return sampler.generate(params, prompts, key, cfg=c, max_new_tokens=max_new_tokens, place=place, **kw)
+
+    generate.cfg = c
+    return generate
+
+
+def lower_decode_step(params: Any, cfg: ml_collections.ConfigDict, mesh, batch: int, max_len: int):
+    """Compiled sampler decode step on sharded inputs (as `make_generate` runs it), for inspection:
+    its ``output_shardings`` and ``as_text()`` HLO show how GSPMD partitioned it."""
+    from horizon.rl import sampler
+
+    c = sampling_config(cfg)
+    mcfg = sampler._frozen(c)
+    cache = transformer.init_cache(mcfg, batch, max_len)
+    tok = jnp.zeros((batch,), jnp.int32)
+    cache, tok, pos = sampling_placer(mesh)(cache, tok, tok)
+    return sampler._step.lower(params, cache, tok, pos, jax.random.key(0), jnp.float32(0.0), jnp.float32(1.0),
+                               cfg=mcfg).compile()
 
 
 _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",

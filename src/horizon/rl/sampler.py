@@ -130,11 +130,15 @@ def generate(
     min_batch_bucket: int = 1,
     min_prompt_bucket: int = 16,
     min_new_bucket: int = 16,
+    place: Callable | None = None,
 ) -> SampleOutput:
     """Sample continuations of `prompts` (1-D int token arrays) with the latent KV cache.
 
     `cfg` is the model config (or a full config with `.model`). See the module docstring for
-    the layout, logprob and routing conventions. Deterministic in `key`.
+    the layout, logprob and routing conventions. Deterministic in `key`. `place(cache, tokens,
+    lengths) -> (cache, tokens, lengths)`, if given, places the padded batch before prefill (e.g.
+    `horizon.parallel.sharded.make_generate` shards it over a mesh; the jitted steps then run
+    partitioned and keep that layout).
     """
     mcfg = _frozen(cfg)
     if not prompts:
@@ -164,10 +168,12 @@ def generate(
     lens_b[:n] = lens
 
     cache = transformer.init_cache(mcfg, B, P + N)
+    toks_j, lens_j = jnp.asarray(toks), jnp.asarray(lens_b)
+    if place is not None:
+        cache, toks_j, lens_j = place(cache, toks_j, lens_j)
     key, k0 = jax.random.split(key)
     temp, tp = jnp.float32(temperature), jnp.float32(top_p)
-    cache, tok, lp, prompt_ri = _prefill(params, cache, jnp.asarray(toks), jnp.asarray(lens_b), k0,
-                                         temp, tp, cfg=mcfg)
+    cache, tok, lp, prompt_ri = _prefill(params, cache, toks_j, lens_j, k0, temp, tp, cfg=mcfg)
     stops = np.asarray(list(stop_tokens), np.int32)
     L_moe = prompt_ri.shape[0]
     k = prompt_ri.shape[-1]

@@ -103,9 +103,10 @@ def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
     e.env = "synthetic"               # task family (horizon.tasks.synthetic, compact `set` tool)
     e.backend = "docker"              # sandbox backend for rollouts and eval ("local" = unisolated)
     e.out_dir = "runs/rl_tiny"
-    e.steps = 24                      # RL steps
+    e.steps = 20                      # RL steps
     e.n_sft_tasks = 4096              # train seeds [0, n) for demonstrations; RL prompts come after them
-    e.value_range = (10, 99)          # constant values (2 digits: the copy the policy must get right)
+    e.value_range = (1, 3)            # constant values: 1 digit of 3 (a tiny model did not learn to copy 2-digit
+    #                                   values in 400 SFT steps; a guess is right 1/3 of the time, RL sharpens)
     e.pool_size = 32                  # pooled sandboxes (= rollouts per RL step = eval chunk)
     e.sandbox_cpus = 0.5              # docker limits per sandbox
     e.sandbox_mem = "256m"
@@ -113,15 +114,15 @@ def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
     e.plot = True
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)
     e.sft = ml_collections.ConfigDict(dict(
-        steps=400, batch_size=16, seq_len=208,  # rows padded to seq_len (context ~95 + call ~100 tokens)
-        corrupt_prob=0.3,             # demos whose value is replaced by a random one (leaves RL headroom)
+        steps=300, batch_size=16, seq_len=208,  # rows padded to seq_len (context ~95 + call ~100 tokens)
+        corrupt_prob=0.0,             # demos whose value is replaced by a random one (leaves RL headroom)
         log_every=50,
         optim=ml_collections.ConfigDict(dict(
-            steps=400, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
+            steps=300, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
             b1=0.9, b2=0.95, eps=1e-8, grad_clip=1.0, mtp_loss_weight=0.0, mtp_freeze_trunk=False)),
     ))
     # --- held-out eval: unseen seeds, `passes` independent sampled passes (std over passes = eval noise)
-    e.eval = ml_collections.ConfigDict(dict(n_tasks=64, passes=4, every=8, temperature=1.0))
+    e.eval = ml_collections.ConfigDict(dict(n_tasks=64, passes=4, every=10, temperature=1.0))
     # --- overrides of the shared sections for this environment
     e.model = ml_collections.ConfigDict(dict(max_seq_len=256))
     e.agent = ml_collections.ConfigDict(dict(
@@ -135,6 +136,6 @@ def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
         group_size=4, prompts_per_step=8,
         sampler=ml_collections.ConfigDict(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=128)),
         batch=ml_collections.ConfigDict(dict(min_rows=32, min_seq=256)),
-        optim=ml_collections.ConfigDict(dict(steps=24, lr=1e-3, warmup_steps=2, min_lr_ratio=1.0)),
+        optim=ml_collections.ConfigDict(dict(steps=20, lr=1e-4, warmup_steps=2, min_lr_ratio=1.0)),
     ))
     c.exp = e

@@ -19,9 +19,9 @@ image: install
 	bash envs/build_base_image.sh
 	$(PY) envs/build_task_images.py
 
-# The main job: a small end-to-end run on CPU.
+# The main job: a small end-to-end RL run on CPU with Docker sandboxes (SFT warm start, then RL).
 run: install image
-	$(PY) experiments/pretrain.py --config=configs/tiny.py
+	$(PY) experiments/rl.py --config=configs/rl_tiny.py
 
 # The default suite (slow and GPU tests are deselected in setup.cfg; `make test-all` runs slow too).
 test: install image

@@ -214,6 +214,10 @@ class SandboxPool:
             if c.exp.backend == "docker" else {}
         self.workers = int(c.agent.num_tool_workers)
         image = None if c.exp.backend != "docker" else "horizon-sandbox:base"
+        if c.exp.backend == "docker":  # sandboxes are made in worker threads: install SIGTERM cleanup here
+            from horizon.sandbox.docker import install_cleanup_hooks
+
+            install_cleanup_hooks()
         with ThreadPoolExecutor(self.workers) as ex:
             self.boxes = list(ex.map(lambda _: open_sandbox(c.exp.backend, image, **limits), range(n)))
 

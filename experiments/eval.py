@@ -25,7 +25,7 @@ from horizon.data.tokenizer import ByteTokenizer
 from horizon.eval import EvalSetup, load_params, markdown_table, policy_from_params, run_eval, scripted_policy
 from horizon.eval import summarize, write_jsonl
 from horizon.model.params import count_params
-from horizon.utils.config import dump_config, load_config_file
+from horizon.utils.config import apply_overrides, dump_config, load_config_file
 
 OVERALL_COLS = ("accuracy", "best_of_*", "completion_tokens", "tool_calls", "turns", "summaries", "latency_s",
                 "flops", "malformed_call_rate", "eager_edit_rate", "todo_completion_rate")
@@ -40,23 +40,6 @@ def parse_args(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="a.b=VALUE",
                    help="override a config field (JSON-parsed when possible), e.g. --set eval.num_passes=2")
     return p.parse_args(argv)
-
-
-def apply_overrides(c, items):
-    for item in items:
-        path, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set needs a.b=VALUE, got {item!r}")
-        *parents, leaf = path.split(".")
-        node = c
-        for name in parents:
-            node = node[name]
-        if leaf not in node:
-            raise KeyError(f"unknown config field {path!r}")
-        try:
-            node[leaf] = json.loads(raw)
-        except json.JSONDecodeError:
-            node[leaf] = raw
 
 
 def build_tasks(e):

@@ -62,7 +62,7 @@ from horizon.tasks import synthetic
 from horizon.tools.format import parse_action, render_call
 from horizon.train import lm
 from horizon.train.checkpoint import Checkpointer
-from horizon.utils.config import dump_config, load_config_file
+from horizon.utils.config import apply_overrides, dump_config, load_config_file
 
 
 # ----------------------------------------------------------------------------- config
@@ -73,20 +73,6 @@ def parse_args(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="a.b=VALUE",
                    help="override a config field (JSON if parseable), e.g. --set exp.steps=2")
     return p.parse_args(argv)
-
-
-def _override(c, items):
-    for item in items:
-        path, _, raw = item.partition("=")
-        *parents, leaf = path.split(".")
-        node = c
-        for name in parents:
-            node = node[name]
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node[leaf] = tuple(value) if isinstance(value, list) and isinstance(node.get(leaf), tuple) else value
 
 
 def _merge(dst: ml_collections.ConfigDict, src: ml_collections.ConfigDict):
@@ -100,7 +86,7 @@ def _merge(dst: ml_collections.ConfigDict, src: ml_collections.ConfigDict):
 def load(path: str, sets=()) -> ml_collections.ConfigDict:
     """The config with `--set`s applied, the agent section added and the `exp` overrides merged."""
     c = load_config_file(path)
-    _override(c, sets)
+    apply_overrides(c, sets)
     if "exp" not in c:
         raise ValueError(f"{path} has no `exp` section (see configs/rl_tiny.py's experiment block)")
     if "agent" not in c:

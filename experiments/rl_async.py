@@ -31,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from horizon.rl import async_loop  # noqa: E402
-from horizon.utils.config import load_config_file  # noqa: E402
+from horizon.utils.config import apply_overrides, load_config_file  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -44,19 +44,6 @@ def parse_args(argv=None):
     p.add_argument("--smooth", type=int, default=5, help="moving-average window over steps for reward targets")
     p.add_argument("--set", action="append", default=[], metavar="a.b=VALUE", help="config override (JSON value)")
     return p.parse_args(argv)
-
-
-def override(c, items):
-    for item in items:
-        path, _, raw = item.partition("=")
-        *parents, leaf = path.split(".")
-        node = c
-        for name in parents:
-            node = node[name]
-        try:
-            node[leaf] = json.loads(raw)
-        except json.JSONDecodeError:
-            node[leaf] = raw
 
 
 def smooth(x, w):
@@ -92,7 +79,7 @@ def hist_text(h: dict) -> str:
 def main(argv=None):
     a = parse_args(argv)
     c = load_config_file(a.config)
-    override(c, a.set)
+    apply_overrides(c, a.set)
     steps = int(a.steps if a.steps is not None else c.async_.num_steps)
     out = pathlib.Path(a.out or c.async_.run_dir)
     if out.exists():

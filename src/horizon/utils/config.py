@@ -42,3 +42,27 @@ def config_to_dict(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
 def dump_config(cfg: ml_collections.ConfigDict, path: str | pathlib.Path) -> None:
     """Write the resolved config as JSON (every run dir gets one, for reproducibility)."""
     pathlib.Path(path).write_text(json.dumps(config_to_dict(cfg), indent=2, sort_keys=True))
+
+
+def apply_overrides(cfg: ml_collections.ConfigDict, items: list[str]) -> ml_collections.ConfigDict:
+    """Apply `--set a.b=VALUE` overrides in place (VALUE parsed as JSON when it parses).
+
+    Unknown fields raise (a typo must not silently run the default); a JSON list assigned to a
+    tuple-valued field stays a tuple.
+    """
+    for item in items:
+        path, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set needs a.b=VALUE, got {item!r}")
+        *parents, leaf = path.split(".")
+        node = cfg
+        for name in parents:
+            node = node[name]
+        if leaf not in node:
+            raise KeyError(f"unknown config field {path!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node[leaf] = tuple(value) if isinstance(value, list) and isinstance(node[leaf], tuple) else value
+    return cfg

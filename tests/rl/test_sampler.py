@@ -12,32 +12,16 @@ import pytest
 from horizon.model import transformer
 from horizon.rl import sampler
 from horizon.utils.config import load_config_file
+from horizon.model.params import numpy_init
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def fast_init(mcfg, seed: int) -> dict:
-    """Params with `transformer.init`'s shapes and distributions (normal*init_std, norms 1,
-    router_bias 0), drawn with numpy: compiling `init` costs ~1 min on the shared 2-core box."""
-    shapes = jax.eval_shape(lambda k: transformer.init(k, mcfg), jax.random.key(0))
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, s):
-        name = str(getattr(path[-1], "key", ""))
-        if name.endswith("norm"):
-            return jnp.ones(s.shape, s.dtype)
-        if name == "router_bias":
-            return jnp.zeros(s.shape, s.dtype)
-        return jnp.asarray(rng.normal(0.0, mcfg.init_std, s.shape), s.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
 @pytest.fixture(scope="module")
 def setup():
     c = load_config_file(ROOT / "configs" / "tiny.py")
     mcfg = ml_collections.FrozenConfigDict(c.model)
-    params = fast_init(mcfg, 0)
+    params = numpy_init(mcfg, 0)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 256, size=n).astype(np.int32) for n in (5, 11, 3)]
     fwd = jax.jit(functools.partial(transformer.forward, cfg=mcfg))

@@ -15,26 +15,10 @@ from horizon.model import transformer
 from horizon.rl import batch as rlbatch
 from horizon.rl import trainer
 from horizon.utils.config import load_config_file
+from horizon.model.params import numpy_init
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOK = ByteTokenizer()
-
-
-def fast_init(mcfg, seed: int) -> dict:
-    """`transformer.init`'s shapes/distributions drawn with numpy (compiling init takes ~1 min
-    on the shared 2-core box): normal*init_std, norms 1, router_bias 0."""
-    shapes = jax.eval_shape(lambda k: transformer.init(k, mcfg), jax.random.key(0))
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, s):
-        name = str(getattr(path[-1], "key", ""))
-        if name.endswith("norm"):
-            return jnp.ones(s.shape, s.dtype)
-        if name == "router_bias":
-            return jnp.zeros(s.shape, s.dtype)
-        return jnp.asarray(rng.normal(0.0, mcfg.init_std, s.shape), s.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +28,7 @@ def env():
     c.rl.optim.warmup_steps = 0
     c.rl.kl_coef = 1e-3
     cfg = ml_collections.FrozenConfigDict(c)
-    params = fast_init(cfg.model, 0)
+    params = numpy_init(cfg.model, 0)
     L = transformer.layer_counts(cfg.model)[1]
     k = cfg.model.num_experts_per_tok
     rng = np.random.default_rng(1)

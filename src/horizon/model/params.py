@@ -29,3 +29,28 @@ def count_params(cfg) -> dict:
     inactive = routed * (E - k) // E if E else 0
     emb = math.prod(shapes["embed"].shape) + (math.prod(shapes["lm_head"].shape) if "lm_head" in shapes else 0)
     return dict(total=total, active=total - inactive, embedding=emb, routed_expert=routed)
+
+
+def numpy_init(cfg, seed: int) -> dict:
+    """`transformer.init`'s shapes, drawn with numpy: normal(0, init_std), norms 1, router_bias 0.
+
+    Deterministic in `seed` without compiling anything, so separate processes (async trainer and
+    rollout workers) and tests rebuild identical params cheaply.
+    """
+    import jax.numpy as jnp
+    import numpy as np
+
+    mcfg = transformer.model_cfg(cfg)
+    shapes = jax.eval_shape(lambda k: transformer.init(k, mcfg), jax.random.key(0))
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, s):
+        name = str(getattr(path[-1], "key", ""))
+        if name.endswith("norm"):
+            return jnp.ones(s.shape, s.dtype)
+        if name == "router_bias":
+            return jnp.zeros(s.shape, s.dtype)
+        return jnp.asarray(rng.normal(0.0, float(mcfg.init_std), s.shape), s.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, shapes)
+

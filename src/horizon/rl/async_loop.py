@@ -67,6 +67,14 @@ import numpy as np
 
 from horizon.rl import storage, weight_sync
 
+def numpy_init(mcfg, seed: int) -> dict:
+    """`horizon.model.params.numpy_init`, imported lazily: this module keeps jax out of import time
+    so worker processes can set their XLA flags first."""
+    from horizon.model.params import numpy_init as init  # noqa: PLC0415
+
+    return init(mcfg, seed)
+
+
 SLOT_STATES = ("requested", "generating", "scored", "grouped", "trained")
 
 
@@ -113,31 +121,6 @@ def _setup_jax(cfg) -> None:
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(d).resolve()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-def numpy_init(mcfg, seed: int) -> dict:
-    """`transformer.init`'s shapes with numpy draws (normal*init_std, norms 1, router_bias 0).
-
-    Compiling the jitted init takes about a minute on a shared 2-core CPU box; this is the
-    same distribution and deterministic in `seed`, so every process can rebuild it cheaply.
-    """
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    from horizon.model import transformer  # noqa: PLC0415
-
-    shapes = jax.eval_shape(lambda k: transformer.init(k, mcfg), jax.random.key(0))
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, s):
-        name = str(getattr(path[-1], "key", ""))
-        if name.endswith("norm"):
-            return jnp.ones(s.shape, s.dtype)
-        if name == "router_bias":
-            return jnp.zeros(s.shape, s.dtype)
-        return jnp.asarray(rng.normal(0.0, float(mcfg.init_std), s.shape), s.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
 def make_publisher(cfg, directory) -> weight_sync.WeightPublisher:

@@ -20,6 +20,11 @@ def agent_config() -> ml_collections.ConfigDict:
     a.summary_max_tokens = 1024       # self-summary generation limit (scratch thinking + summary)
     a.compaction_max_tokens = 4096    # prompt_compaction baseline's (longer) summary limit
     a.sliding_window_keep_fraction = 0.75  # sliding_window drops oldest turns to below this * trigger
+    # strategy texts ("" = horizon.agent.summarize defaults, sized for real models; small envs shorten them)
+    a.summary_query = ""              # self_summary's short query
+    a.compaction_prompt = ""          # prompt_compaction's long, sectioned query
+    a.summary_header = ""             # prefix of the summary message in the new context
+    a.state_template = ""             # conversation-state message: {summaries} {turns} {max_turns} {todos}
     a.tool_timeout_s = 30.0           # default run_shell / helper-command timeout
     a.max_tool_timeout_s = 120.0      # cap on a model-requested run_shell timeout
     a.max_observation_bytes = 8192    # tool output clipped (head + tail kept) to this size

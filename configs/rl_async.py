@@ -19,10 +19,13 @@ def async_config() -> ml_collections.ConfigDict:
     a.poll_s = 0.02                   # orchestrator / trainer polling interval
     a.weights_timeout_s = 600.0       # a worker waits this long for the weights version it needs
     # --- environment
-    a.env = "toy"                     # "toy" (single-turn token task, no sandbox) | "synthetic" (config-edit tasks)
-    a.backend = "local"               # sandbox backend for env="synthetic": "docker" | "local"
+    a.env = "toy"                     # "toy" (single-turn token task, no sandbox) | "experiment" (the task family
+    #                                   of the `exp` block, e.g. configs/rl_async_tiny.py: experiments/rl.py's tasks)
     a.toy_max_new_tokens = 24         # generated tokens per toy rollout
-    a.prompt_start = 0                # first prompt index / train seed of the prompt set
+    a.prompt_start = 0                # first toy prompt index
+    a.init_from = ""                  # finished SFT checkpoint dir to start from ("" = random init)
+    a.slots_per_batch = 1             # a worker batches up to this many queued slots into one generation
+    a.batch_wait_s = 0.05             # ... waiting this long for each further queued request
     # --- in-flight weight updates (horizon.rl.workers.generate_inflight)
     a.chunk_tokens = 8                # decode steps between weight-store checks
     a.kv_mode = "keep"                # "keep" the old KV cache at a switch | "recompute" the prefill
@@ -61,6 +64,4 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.optim.lr = 3e-3
     c.rl.optim.warmup_steps = 0
     c.rl.kl_coef = 0.0                # no reference forward (faster trainer step on CPU)
-    if "agent" not in c:              # env="synthetic" needs the agent section
-        c.agent = sibling_config(__file__, "agent_tiny.py").agent
     return c

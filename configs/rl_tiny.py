@@ -94,19 +94,23 @@ def _add_trainer_fields(c: ml_collections.ConfigDict) -> None:
 
 
 # ============================================================================= RL experiment block
-# Owned by experiments/rl.py (the CPU demo: SFT warm start, then RL on the synthetic config-edit
-# family, horizon.tasks.synthetic). Everything lives under `c.exp`; `exp.model`, `exp.agent` and
-# `exp.rl` are *overrides* the driver applies to c.model / the agent config / c.rl at run time, so
-# the shared sections above keep their defaults for other users of this file.
+# Owned by experiments/rl.py (the CPU demo: SFT warm start, then RL on the procedural config-edit
+# family, horizon.tasks.synthetic via horizon.tasks.families). Everything lives under `c.exp`;
+# `exp.model`, `exp.agent` and `exp.rl` are *overrides* that `horizon.rl.loop.merge_experiment`
+# applies to c.model / the agent config / c.rl at run time, so the shared sections above keep
+# their defaults for other users of this file.
 def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
     e = ml_collections.ConfigDict()
-    e.env = "synthetic"               # task family (horizon.tasks.synthetic, compact `set` tool)
+    e.env = "config_edit"             # task family (horizon.tasks.families: "config_edit" | "key_recall")
+    e.task = ml_collections.ConfigDict(dict(
+        value_range=(1, 9),           # one digit to copy from the prompt
+        name_style="simple",          # one-word constant names (a 10-14 byte PREFIX_SUFFIX copy took the tiny
+        #                               model ~450 SFT steps longer to learn; horizon.tasks.synthetic)
+    ))
     e.backend = "docker"              # sandbox backend for rollouts and eval ("local" = unisolated)
     e.out_dir = "runs/rl_tiny"
-    e.steps = 20                      # RL steps
+    e.steps = 40                      # RL steps
     e.n_sft_tasks = 4096              # train seeds [0, n) for demonstrations; RL prompts come after them
-    e.value_range = (1, 3)            # constant values: 1 digit of 3 (a tiny model did not learn to copy 2-digit
-    #                                   values in 400 SFT steps; a guess is right 1/3 of the time, RL sharpens)
     e.pool_size = 32                  # pooled sandboxes (= rollouts per RL step = eval chunk)
     e.sandbox_cpus = 0.5              # docker limits per sandbox
     e.sandbox_mem = "256m"
@@ -114,28 +118,35 @@ def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
     e.plot = True
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)
     e.sft = ml_collections.ConfigDict(dict(
-        steps=300, batch_size=16, seq_len=208,  # rows padded to seq_len (context ~95 + call ~100 tokens)
-        corrupt_prob=0.0,             # demos whose value is replaced by a random one (leaves RL headroom)
+        clean_steps=500,              # stage 1 (horizon.rl.loop.config_edit_warm_start): correct demos, so the
+        #                               tiny model learns to copy the value (loss 0.024 -> 1e-4 between steps 300
+        #                               and 600 at lr 1e-2; at lr 3e-3 no copy by 800 steps, clean or not)
+        steps=300, batch_size=16, seq_len=208,  # stage 2; rows packed to seq_len (context ~80 + call ~90 tokens)
+        corrupt_prob=0.5,             # imperfect demonstrations: this fraction carries a wrong value ...
+        corrupt="next",               # ... the next one (a systematic off-by-one; "random": a uniform guess)
         log_every=50,
         optim=ml_collections.ConfigDict(dict(
-            steps=300, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
+            steps=300, lr=1e-2, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
             b1=0.9, b2=0.95, eps=1e-8, grad_clip=1.0, mtp_loss_weight=0.0, mtp_freeze_trunk=False)),
     ))
     # --- held-out eval: unseen seeds, `passes` independent sampled passes (std over passes = eval noise)
-    e.eval = ml_collections.ConfigDict(dict(n_tasks=64, passes=4, every=10, temperature=1.0))
+    e.eval = ml_collections.ConfigDict(dict(n_tasks=96, passes=4, every=0, temperature=1.0))
     # --- overrides of the shared sections for this environment
     e.model = ml_collections.ConfigDict(dict(max_seq_len=256))
     e.agent = ml_collections.ConfigDict(dict(
         max_turns=1,                  # one call ends the episode (end reason "max_turns", not truncated)
-        max_new_tokens=112,           # the call is ~100 bytes
+        max_new_tokens=112,           # the call is ~90 bytes
         max_context_tokens=240, trigger_tokens=200, context_strategy="none",
         include_file_listing=False,   # the prompt names the file; saves one exec per episode
         max_malformed_calls=1, num_tool_workers=8, tool_timeout_s=20.0,
     ))
     e.rl = ml_collections.ConfigDict(dict(
         group_size=4, prompts_per_step=8,
+        # one fixed-format call: the length penalty has nothing to trade off here, and in groups whose
+        # rollouts all fail it would be the only (noise) signal, which Adam rescales to full-size steps
+        length_penalty=ml_collections.ConfigDict(dict(enabled=False)),
         sampler=ml_collections.ConfigDict(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=128)),
         batch=ml_collections.ConfigDict(dict(min_rows=32, min_seq=256)),
-        optim=ml_collections.ConfigDict(dict(steps=20, lr=1e-4, warmup_steps=2, min_lr_ratio=1.0)),
+        optim=ml_collections.ConfigDict(dict(steps=40, lr=2e-4, warmup_steps=2, min_lr_ratio=1.0)),
     ))
     c.exp = e

@@ -2,7 +2,7 @@
 
     python experiments/eval.py --config=configs/eval_tiny.py
     python experiments/eval.py --config=configs/eval_tiny.py --checkpoint=runs/rl_tiny/ckpt
-    python experiments/eval.py --config=configs/eval_tiny.py --checkpoint=sft=runs/sft_synthetic/checkpoints \
+    python experiments/eval.py --config=configs/eval_tiny.py --checkpoint=sft=runs/rl_tiny/sft \
         --set eval.num_passes=8 --set eval.backend=local
 
 Compares every entry of `c.eval.checkpoints` (name -> dir, "" = untrained init) or the
@@ -46,7 +46,9 @@ def build_tasks(e):
     """The eval task list from `c.eval` (see configs/eval_tiny.py)."""
     if e.task_source == "synthetic":
         from horizon.tasks.synthetic import make_synthetic_tasks
-        return make_synthetic_tasks(e.task_split, int(e.num_tasks), int(e.task_start))
+        opts = e.get("task_options") or {}
+        return make_synthetic_tasks(e.task_split, int(e.num_tasks), int(e.task_start),
+                                    **{k: tuple(v) if isinstance(v, list) else v for k, v in dict(opts).items()})
     if e.task_source == "envs":
         from horizon.tasks import load_tasks
         tasks = load_tasks(e.tasks_root, split=e.task_split or None)

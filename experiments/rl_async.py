@@ -12,8 +12,13 @@ Prints throughput (rollout tokens/s, trainer steps/s), the token staleness histo
 sizes of the published weights, and the time each loop needs to reach the sync loop's final
 (smoothed) reward. Results go to ``<out>/results.json``.
 
-    python experiments/rl_async.py --steps 30
-    python experiments/rl_async.py --steps 30 --set async_.num_rollout_workers=2 --set async_.max_staleness=2
+    python experiments/rl_async.py                                   # configs/rl_async_tiny.py: rl.py's task
+    python experiments/rl_async.py --config=configs/rl_async.py --steps 30   # the toy env (no sandbox)
+    python experiments/rl_async.py --set async_.max_staleness=2 --set exp.rl.optim.lr=1e-4
+
+With configs/rl_async_tiny.py both loops run experiments/rl.py's task (config-edit family in
+Docker sandboxes, same RL prompts, hyperparameters and batching) from rl.py's SFT checkpoint
+(`async_.init_from`, made here with rl.py's seed and demos if missing).
 """
 
 from __future__ import annotations
@@ -31,12 +36,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from horizon.rl import async_loop  # noqa: E402
-from horizon.utils.config import apply_overrides, load_config_file  # noqa: E402
+from horizon.utils.config import apply_overrides, load_config_file, merge_experiment  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(ROOT / "configs" / "rl_async.py"))
+    p.add_argument("--config", default=str(ROOT / "configs" / "rl_async_tiny.py"))
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default async_.num_steps)")
     p.add_argument("--out", default=None, help="output dir (default async_.run_dir)")
     p.add_argument("--with_sync_mp", action="store_true", help="also run the multi-process loop with max_staleness=0")
@@ -44,6 +49,26 @@ def parse_args(argv=None):
     p.add_argument("--smooth", type=int, default=5, help="moving-average window over steps for reward targets")
     p.add_argument("--set", action="append", default=[], metavar="a.b=VALUE", help="config override (JSON value)")
     return p.parse_args(argv)
+
+
+def ensure_warm_start(c) -> None:
+    """Make `async_.init_from` (experiments/rl.py's SFT stage, same seed and demos) if missing."""
+    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.rl import loop
+    from horizon.tasks.families import family_from_config
+
+    d = pathlib.Path(c.async_.init_from)
+    try:
+        loop.load_sft_params(c, d)
+        return
+    except FileNotFoundError:
+        pass
+    print(f"no SFT checkpoint in {d}: running experiments/rl.py's SFT stage there", flush=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    log = loop.JsonlLog(d.parent / "sft_metrics.jsonl")
+    loop.config_edit_warm_start(c, family_from_config(c.exp), ByteTokenizer(c.model.vocab_size), d.parent, log,
+                                loop.experiment_keys(c)["init"], name=d.name)
+    log.close()
 
 
 def smooth(x, w):
@@ -80,6 +105,10 @@ def main(argv=None):
     a = parse_args(argv)
     c = load_config_file(a.config)
     apply_overrides(c, a.set)
+    if "exp" in c:
+        merge_experiment(c)                  # --set exp.* overrides reach c.rl / c.agent / c.model
+    if str(c.async_.env) == "experiment" and str(c.async_.init_from):
+        ensure_warm_start(c)
     steps = int(a.steps if a.steps is not None else c.async_.num_steps)
     out = pathlib.Path(a.out or c.async_.run_dir)
     if out.exists():

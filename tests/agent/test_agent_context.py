@@ -150,3 +150,36 @@ def test_summary_generation_limit_is_the_strategy_limit():
         assert ep.max_new_tokens() == 321
     finally:
         sb.close()
+
+
+def test_strategy_texts_are_configurable_and_no_back_to_back_compaction():
+    """Short env-specific texts replace the defaults; a summary that leaves the context above the
+    trigger is not re-summarized before a new turn (no compaction loop: SPEC §6 step 4 -> step 1)."""
+    from horizon.agent import Generation
+
+    task = make_recall()
+    c = load_config_file("configs/agent_tiny.py").agent
+    c.update(dict(context_strategy="self_summary", include_file_listing=False, summary_query="Sum up.",
+                  summary_header="S: ", state_template="State {summaries}/{turns}.", max_context_tokens=20000))
+    sb = open_sandbox("local")
+    for p, text in task.files.items():
+        sb.write_file(f"/workspace/{p}", text)
+    try:
+        ep = Episode(task, sb, make_registry(), TOK, c)
+        c.trigger_tokens = len(ep.context_tokens()) + 10
+        ep = Episode(task, sb, make_registry(), TOK, c)
+
+        def gen(text):
+            ids = np.asarray(TOK.encode(text) + [TOK.END_TURN], np.int32)
+            return Generation(ids, np.zeros(len(ids), np.float32))
+
+        ep.step(gen('<function=read_file>\n<parameter=path>/workspace/notes/README.md</parameter>\n</function>'))
+        assert ep.phase == "summarize" and split_turns(ep.context_tokens(), TOK)[-2] == ("user", "Sum up.")
+        ep.step(gen("<summary>" + "x" * 200 + "</summary>"))     # too long: the new context is above the trigger
+        turns = split_turns(ep.context_tokens(), TOK)
+        assert turns[2] == ("user", "S: " + "x" * 200) and turns[3] == ("user", "State 1/1.")
+        assert len(ep.context_tokens()) >= c.trigger_tokens and ep.phase == "act"   # no immediate second query
+        ep.step(gen('<function=list_dir>\n<parameter=path>/workspace</parameter>\n</function>'))
+        assert ep.phase == "summarize" and ep.stats["summaries"] == 1               # after a new turn: again
+    finally:
+        sb.close()

@@ -105,6 +105,38 @@ def test_toy_rollout_tags_tokens_and_builds_a_batch(inflight_env):
     assert storage.group_versions(trajs) == (0, 1)
 
 
+def test_experiment_env_batches_slots_of_rl_py_task(inflight_env):
+    """env="experiment" (configs/rl_async_tiny.py): rl.py's config-edit prompts, several slots in one
+    generation, per-slot groups tagged with the version that sampled them (local sandboxes here;
+    the Docker run is experiments/rl_async.py)."""
+    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.tasks.families import family_from_config
+
+    _, p0, _, _ = inflight_env
+    c = load_config_file(ROOT / "configs" / "rl_async_tiny.py")
+    c.model.num_layers, c.model.d_model = 2, 32          # p0's shapes
+    c.rl.group_size, c.exp.pool_size, c.exp.backend = 2, 4, "local"
+    c.async_.slots_per_batch = 2
+    async_loop.validate_async_config(c)
+    ids = async_loop.prompt_ids_for(c, 2)
+    fam = family_from_config(c.exp)
+    assert ids == [workers.experiment_prompt_id("config_edit", s) for s in fam.seeds("train", 2, c.exp.n_sft_tasks)]
+    pol = workers.make_inflight_policy(lambda: (p0, 7), c, jax.random.key(0), chunk_tokens=16)
+    try:
+        res = workers.experiment_rollouts([dict(slot=i, prompt_id=x, seed=i) for i, x in enumerate(ids)], pol, c,
+                                          ByteTokenizer())
+    finally:
+        workers.close_experiment_env()
+    assert len(res) == 2 and all(len(tr) == 2 and len(rs) == 2 for tr, rs, _ in res)
+    for (trajs, _, infos), pid in zip(res, ids):
+        assert {t.task_id for t in trajs} == {fam.make_task(workers.experiment_seed(pid)).id}
+        assert storage.group_versions(trajs) == (7, 7)
+        assert all(i["verifier"] in (0.0, 1.0) for i in infos)
+    c.exp.pool_size = 3                                   # cannot hold one batch's rollouts
+    with pytest.raises(ValueError, match="pool_size"):
+        async_loop.validate_async_config(c)
+
+
 # ----------------------------------------------------------------------------- scheduler + stores (no JAX)
 def test_staleness_admission_control():
     s = async_loop.StalenessScheduler(groups_per_step=2, max_staleness=1)

@@ -30,7 +30,8 @@ def test_rl_driver_end_to_end(tmp_path):
     if not docker_available():
         pytest.skip("\n\n*** DOCKER ENGINE NOT AVAILABLE: the RL driver smoke test was SKIPPED ***\n")
     out = tmp_path / "run"
-    sets = ["exp.steps=1", "exp.sft.steps=2", "exp.sft.log_every=1", "exp.eval.n_tasks=4", "exp.eval.passes=2",
+    sets = ["exp.steps=1", "exp.sft.clean_steps=2", "exp.sft.steps=2", "exp.sft.log_every=1",
+            "exp.eval.n_tasks=4", "exp.eval.passes=2",
             "exp.pool_size=8", "exp.rl.prompts_per_step=2", "exp.n_sft_tasks=32", "exp.plot=true",
             "exp.agent.max_new_tokens=16", "exp.rl.sampler.min_batch_bucket=8", "exp.rl.sampler.min_new_bucket=16",
             "exp.rl.batch.min_rows=8", "exp.rl.batch.min_seq=128"]
@@ -41,6 +42,7 @@ def test_rl_driver_end_to_end(tmp_path):
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     phases = [r["phase"] for r in recs]
     assert phases.count("sft") == 2 and phases.count("rl") == 1 and phases.count("eval") == 2
+    assert phases.count("sft_clean") == 2                           # the two-stage warm start
     chk = next(r for r in recs if r["phase"] == "sft_check")       # the sandbox-free SFT gate ran
     assert 0.0 <= chk["greedy_wellformed"] <= 1.0 and isinstance(chk["greedy_example"], str)
     rl = next(r for r in recs if r["phase"] == "rl")
@@ -50,6 +52,7 @@ def test_rl_driver_end_to_end(tmp_path):
     ev = [r for r in recs if r["phase"] == "eval"]
     assert [e["step"] for e in ev] == [0, 1] and all(len(e["heldout_passes"]) == 2 for e in ev)
     assert (out / "ckpt" / "1").is_dir() and (out / "sft" / "2").is_dir()    # orbax checkpoints
+    assert (out / "sft_clean" / "2").is_dir()
     assert (out / "rewards.png").stat().st_size > 1000
     assert json.loads((out / "summary.json").read_text())["steps"] == summary["steps"] == 1
     # a rerun resumes from the RL checkpoint (no SFT, no new RL step) and rewrites the summary

@@ -10,7 +10,8 @@ window drop); every model token of every segment is in the loss mask.
 Stats (exact keys, see AGENT_TASK_CONTRACT.md): every generated token is counted in
 exactly one of thinking_tokens (`<think>` blocks, and all summary-turn tokens),
 tool_call_tokens (the rest of call turns and of malformed turns) and final_tokens
-(the rest of the final turn); tool_output_tokens counts observation tokens.
+(the rest of the final turn); tool_output_tokens counts observation tokens; summary_tokens
+counts the summary turns' tokens again on their own (the cost SPEC §6 compares).
 
 End reasons: "final", "max_turns", "token_budget" (generated tokens over the chain),
 "malformed" (max_malformed_calls unparsable turns), "context_full" (the hard context
@@ -32,7 +33,7 @@ from horizon.tools.format import ParseError, parse_action, parse_summary
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
 
 STATS_KEYS = ("thinking_tokens", "tool_call_tokens", "tool_output_tokens", "final_tokens", "tool_calls",
-              "turns", "summaries", "todos_created", "todos_completed", "malformed_calls")
+              "turns", "summaries", "todos_created", "todos_completed", "malformed_calls", "summary_tokens")
 STRATEGIES = ("self_summary", "prompt_compaction", "sliding_window", "none")
 
 
@@ -123,6 +124,7 @@ class Episode:
         self.end_reason = ""
         self.done = False
         self.phase = "act"                   # "act" | "summarize"
+        self._turns_at_compaction = -1       # no second compaction before a new turn (see _maybe_compact)
         self._pending_call = None            # parsed (name, args) awaiting execute_pending()
         self.generated_tokens = 0
         listing = self._file_listing() if cfg.include_file_listing else None
@@ -235,6 +237,7 @@ class Episode:
 
     def _after_summary(self, text: str, m: int) -> None:
         self.stats["thinking_tokens"] += m      # summary turns count as thinking (see module doc)
+        self.stats["summary_tokens"] += m       # ... and, separately, as summary tokens (SPEC §6 cost)
         parsed = parse_summary(text)
         summary = None if isinstance(parsed, ParseError) else parsed[1]
         if summary is None:
@@ -249,11 +252,15 @@ class Episode:
             self._finish("malformed")
 
     def _maybe_compact(self) -> None:
-        if self.phase != "act":
+        # A compaction needs a new turn since the last one: a summary that leaves the context above
+        # the trigger would otherwise be re-summarized at once, forever (the episode then runs into
+        # the hard context limit or the token budget instead, which is the honest cost of it).
+        if self.phase != "act" or self.stats["turns"] == self._turns_at_compaction:
             return
         n = len(self.context_tokens())
         if not self.strategy.should_compact(n):
             return
+        self._turns_at_compaction = self.stats["turns"]
         q = self.strategy.query()
         if q is not None:
             self.messages.append(q)

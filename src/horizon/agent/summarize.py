@@ -71,12 +71,15 @@ def head_messages(messages: list[Message]) -> list[Message]:
     return [m for m in messages if m.kind in ("system", "task")]
 
 
-def state_block(state: ContextState, summaries_after: int) -> str:
+STATE_TEMPLATE = ("Conversation state:\n- summaries so far: {summaries}\n- turns used: {turns} of {max_turns}\n"
+                  "- plan / remaining todos:\n{todos}\nContinue the task from here.")
+
+
+def state_block(state: ContextState, summaries_after: int, template: str = STATE_TEMPLATE) -> str:
+    """The conversation-state message after a compaction (SPEC §6 step 4); `template` fields:
+    {summaries}, {turns}, {max_turns}, {todos}."""
     todos = "\n".join(f"  - {t}" for t in state.remaining_todos) or "  (none recorded)"
-    return (f"Conversation state:\n- summaries so far: {summaries_after}\n"
-            f"- turns used: {state.turns} of {state.max_turns}\n"
-            f"- plan / remaining todos:\n{todos}\n"
-            "Continue the task from here.")
+    return template.format(summaries=summaries_after, turns=state.turns, max_turns=state.max_turns, todos=todos)
 
 
 class ContextStrategy:
@@ -104,13 +107,16 @@ class ContextStrategy:
 
 class SelfSummary(ContextStrategy):
     name = "self_summary"
-    query_text = SUMMARY_QUERY
+    default_query = SUMMARY_QUERY
 
-    def __init__(self, trigger_tokens: int, summary_max_tokens: int):
+    def __init__(self, trigger_tokens: int, summary_max_tokens: int, *, query_text: str | None = None,
+                 header: str = SUMMARY_HEADER, state_template: str = STATE_TEMPLATE):
         super().__init__(trigger_tokens)
         if summary_max_tokens <= 0:
             raise ValueError(f"summary_max_tokens must be positive, got {summary_max_tokens}")
         self.summary_max_tokens = int(summary_max_tokens)
+        self.query_text = query_text or self.default_query
+        self.header, self.state_template = header, state_template
 
     def should_compact(self, n_context_tokens: int) -> bool:
         return n_context_tokens >= self.trigger_tokens
@@ -120,14 +126,14 @@ class SelfSummary(ContextStrategy):
 
     def compact(self, state, summary, measure):
         return head_messages(state.messages) + [
-            Message("user", SUMMARY_HEADER + (summary or "(empty summary)"), kind="summary"),
-            Message("user", state_block(state, state.num_summaries + 1), kind="state"),
+            Message("user", self.header + (summary or "(empty summary)"), kind="summary"),
+            Message("user", state_block(state, state.num_summaries + 1, self.state_template), kind="state"),
         ]
 
 
 class PromptCompaction(SelfSummary):
     name = "prompt_compaction"
-    query_text = COMPACTION_PROMPT
+    default_query = COMPACTION_PROMPT
 
 
 class SlidingWindow(ContextStrategy):
@@ -154,12 +160,18 @@ class SlidingWindow(ContextStrategy):
 
 
 def make_strategy(cfg) -> ContextStrategy:
-    """The strategy named by `cfg.context_strategy` (an `agent` config)."""
+    """The strategy named by `cfg.context_strategy` (an `agent` config). Optional text fields
+    (empty or absent = the defaults above, sized for real models): `summary_query`,
+    `compaction_prompt`, `summary_header`, `state_template` — small environments shorten them."""
     s = cfg.context_strategy
+    texts = dict(header=cfg.get("summary_header") or SUMMARY_HEADER,
+                 state_template=cfg.get("state_template") or STATE_TEMPLATE)
     if s == "self_summary":
-        return SelfSummary(cfg.trigger_tokens, cfg.summary_max_tokens)
+        return SelfSummary(cfg.trigger_tokens, cfg.summary_max_tokens, query_text=cfg.get("summary_query") or None,
+                           **texts)
     if s == "prompt_compaction":
-        return PromptCompaction(cfg.trigger_tokens, cfg.compaction_max_tokens)
+        return PromptCompaction(cfg.trigger_tokens, cfg.compaction_max_tokens,
+                                query_text=cfg.get("compaction_prompt") or None, **texts)
     if s == "sliding_window":
         return SlidingWindow(cfg.trigger_tokens, cfg.sliding_window_keep_fraction)
     if s == "none":

@@ -87,20 +87,42 @@ def validate_async_config(cfg) -> None:
               "queue_depth", "max_checkpoints"):
         if int(a[k]) < 1:
             raise ValueError(f"async_.{k} must be >= 1, got {a[k]}")
-    if a.env not in ("toy", "synthetic"):
-        raise ValueError(f"async_.env must be 'toy' or 'synthetic', got {a.env!r}")
+    if a.env not in ("toy", "experiment"):
+        raise ValueError(f"async_.env must be 'toy' or 'experiment', got {a.env!r}")
+    if a.env == "experiment":
+        if "exp" not in cfg:
+            raise ValueError("async_.env='experiment' needs the config's `exp` block (configs/rl_tiny.py)")
+        need = int(a.slots_per_batch) * int(cfg.rl.group_size)
+        if int(cfg.exp.pool_size) < need:
+            raise ValueError(f"exp.pool_size={cfg.exp.pool_size} < slots_per_batch * group_size = {need}")
+    if int(a.slots_per_batch) < 1:
+        raise ValueError(f"async_.slots_per_batch must be >= 1, got {a.slots_per_batch}")
     if int(cfg.rl.prompts_per_step) < 1 or int(cfg.rl.group_size) < 1:
         raise ValueError("rl.prompts_per_step and rl.group_size must be >= 1")
 
 
 def prompt_ids_for(cfg, total: int) -> list[str]:
-    """The prompt set: toy ids, or synthetic task ids (train split seeds from `async_.prompt_start`)."""
+    """The prompt set: toy ids, or the experiment family's RL prompts — train seeds after the
+    `exp.n_sft_tasks` SFT ones, exactly experiments/rl.py's prompt set."""
     a = cfg.async_
     if a.env == "toy":
         return [f"toy_{i}" for i in range(int(a.prompt_start), int(a.prompt_start) + total)]
-    from horizon.tasks import synthetic  # noqa: PLC0415
+    from horizon.rl.workers import experiment_prompt_id  # noqa: PLC0415
+    from horizon.tasks.families import family_from_config  # noqa: PLC0415
 
-    return [f"synth_{s}" for s in synthetic.synthetic_seeds("train", total, start=int(a.prompt_start))]
+    seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks))
+    return [experiment_prompt_id(str(cfg.exp.env), s) for s in seeds]
+
+
+def initial_params(cfg):
+    """The policy the run starts from: `async_.init_from` (a finished SFT checkpoint dir, e.g.
+    runs/rl_tiny/sft: the same warm start as experiments/rl.py) or, if empty, `numpy_init`."""
+    d = str(cfg.async_.get("init_from", "") or "")
+    if not d:
+        return numpy_init(cfg.model, int(cfg.seed))
+    from horizon.rl.loop import load_sft_params  # noqa: PLC0415
+
+    return load_sft_params(cfg, d)
 
 
 def child_env(cfg) -> dict[str, str]:
@@ -165,7 +187,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
     N = int(cfg.rl.prompts_per_step)
     store = storage.GroupStore(run / "groups")
     log = run / "trainer.jsonl"
-    state = trainer.init_state(numpy_init(cfg.model, int(cfg.seed)), cfg)
+    state = trainer.init_state(initial_params(cfg), cfg)
     ckpt = Checkpointer(run / "ckpt", every=int(a.checkpoint_every), keep=int(a.max_checkpoints))
     start = 0
     restored = ckpt.restore_latest(state)
@@ -224,30 +246,45 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
     fn = workers.ROLLOUT_FNS[str(a.env)]
     base_key = jax.random.key(int(cfg.seed) + 1)
     name = f"w{worker_id}"
-    while True:
+    stop = False
+    while not stop:
         req = requests.get()
         if req is None:
             break
-        slot = int(req["slot"])
-        events.put(dict(kind="generating", slot=slot, worker=name, time=time.time()))
-        source.wait_for(int(req["min_version"]), float(a.weights_timeout_s))
+        reqs = [req]       # batch the requests already queued (one generation for all their rollouts)
+        while len(reqs) < int(a.slots_per_batch):
+            try:
+                r = requests.get(timeout=float(a.batch_wait_s))
+            except queue_mod.Empty:
+                break
+            if r is None:
+                stop = True
+                break
+            reqs.append(r)
+        for r in reqs:
+            events.put(dict(kind="generating", slot=int(r["slot"]), worker=name, time=time.time()))
+        source.wait_for(max(int(r["min_version"]) for r in reqs), float(a.weights_timeout_s))
         start_version = source.poll()[1]
-        policy = workers.make_inflight_policy(source.poll, cfg, jax.random.fold_in(base_key, int(req["seed"])),
+        policy = workers.make_inflight_policy(source.poll, cfg, jax.random.fold_in(base_key, int(reqs[0]["seed"])),
                                               chunk_tokens=int(a.chunk_tokens), kv_mode=str(a.kv_mode))
         t0 = time.time()
-        trajs, rs, infos = fn(req, policy, cfg, tok)
+        results = fn(reqs, policy, cfg, tok)
         dt = time.time() - t0
-        lo, hi = storage.group_versions(trajs)
-        gen = int(sum(t.num_generated_tokens for t in trajs))
-        events.put(dict(kind="scored", slot=slot, worker=name, time=time.time()))
-        rec = storage.GroupRecord(slot=slot, prompt_id=req["prompt_id"], trajectories=trajs, rewards=list(rs),
-                                  advantages=workers.group_advantages(rs, cfg), min_version=lo, max_version=hi,
-                                  start_version=int(start_version), generated_tokens=gen, worker=name,
-                                  seconds=dt, infos=infos)
-        wrote = store.put(rec)
-        events.put(dict(kind="grouped", slot=slot, worker=name, time=time.time(), wrote=wrote,
-                        tokens=gen, seconds=dt, min_version=lo, max_version=hi, start_version=int(start_version),
-                        switches=int(policy.state["switches"]), reward=float(np.mean(rs))))
+        for r, (trajs, rs, infos) in zip(reqs, results):
+            slot = int(r["slot"])
+            lo, hi = storage.group_versions(trajs)
+            gen = int(sum(t.num_generated_tokens for t in trajs))
+            events.put(dict(kind="scored", slot=slot, worker=name, time=time.time()))
+            rec = storage.GroupRecord(slot=slot, prompt_id=r["prompt_id"], trajectories=trajs, rewards=list(rs),
+                                      advantages=workers.group_advantages(rs, cfg), min_version=lo, max_version=hi,
+                                      start_version=int(start_version), generated_tokens=gen, worker=name,
+                                      seconds=dt, infos=infos)
+            wrote = store.put(rec)
+            events.put(dict(kind="grouped", slot=slot, worker=name, time=time.time(), wrote=wrote,
+                            tokens=gen, seconds=dt, min_version=lo, max_version=hi, start_version=int(start_version),
+                            switches=int(policy.state["switches"]), reward=float(np.mean(rs)),
+                            success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos]))))
+    workers.close_experiment_env()          # this worker's pooled sandboxes (env="experiment")
 
 
 # ----------------------------------------------------------------------------- worker pools
@@ -555,7 +592,7 @@ def run_sync_inprocess(cfg, run_dir, num_steps: int) -> dict:
     N = int(cfg.rl.prompts_per_step)
     tok = ByteTokenizer(int(cfg.model.vocab_size))
     psamp = prompts.PromptSampler(prompt_ids_for(cfg, num_steps * N), seed=int(cfg.seed))
-    state = trainer.init_state(numpy_init(cfg.model, int(cfg.seed)), cfg)
+    state = trainer.init_state(initial_params(cfg), cfg)
     fn = workers.ROLLOUT_FNS[str(cfg.async_.env)]
     base_key = jax.random.key(int(cfg.seed) + 1)
     t0 = time.time()
@@ -563,21 +600,22 @@ def run_sync_inprocess(cfg, run_dir, num_steps: int) -> dict:
     toks = 0
     for step in range(num_steps):
         version, params = step, state.params
+        reqs = [dict(slot=step * N + i, prompt_id=pid, seed=step * N + i) for i, pid in enumerate(psamp.sample(N, step))]
         recs = []
-        for i, pid in enumerate(psamp.sample(N, step)):
-            slot = step * N + i
+        B = int(cfg.async_.slots_per_batch)       # the same batching as a rollout worker
+        for j in range(0, N, B):
             pol = workers.make_inflight_policy(lambda p=params, v=version: (p, v), cfg,
-                                               jax.random.fold_in(base_key, slot),
+                                               jax.random.fold_in(base_key, reqs[j]["seed"]),
                                                chunk_tokens=int(cfg.async_.chunk_tokens), kv_mode="keep")
-            trajs, rs, _ = fn(dict(slot=slot, prompt_id=pid, seed=slot), pol, cfg, tok)
-            recs.append((trajs, rs))
-            toks += int(sum(t.num_generated_tokens for t in trajs))
+            recs += [(trajs, rs) for trajs, rs, _ in fn(reqs[j:j + B], pol, cfg, tok)]
+        toks += int(sum(t.num_generated_tokens for trajs, _ in recs for t in trajs))
         b = rlbatch.build_batch_from_config([r[0] for r in recs], np.asarray([r[1] for r in recs], np.float32), cfg)
         state, m = trainer.train_step(state, b, cfg=cfg)
         rec = dict(step=step + 1, time=time.time() - t0, reward_mean=float(m["reward_mean"]), tokens=toks)
         out.append(rec)
         _jsonl(run / "sync.jsonl", rec)
     span = time.time() - t0
+    workers.close_experiment_env()
     return dict(steps=num_steps, rewards=[r["reward_mean"] for r in out], times=[r["time"] for r in out],
                 generated_tokens=toks, rollout_tokens_per_s=toks / span, trainer_steps_per_s=num_steps / span,
                 wall_s=span)

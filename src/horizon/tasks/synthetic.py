@@ -42,6 +42,10 @@ WORKSPACE = "/workspace"
 MODULES = ("settings", "config", "app", "limits", "defaults", "server", "worker", "client")
 PREFIXES = ("MAX", "MIN", "DEFAULT", "CACHE", "RETRY", "HTTP", "DB", "LOG", "POOL", "QUEUE", "BATCH", "API")
 SUFFIXES = ("TIMEOUT", "SIZE", "LIMIT", "COUNT", "PORT", "DELAY", "WORKERS", "RETRIES", "DEPTH", "TTL")
+# `name_style="simple"`: one word per constant, distinct first letters, so naming the target is a
+# one-byte lookup in the prompt (then completion from memory) instead of a 10-14 byte copy.
+SIMPLE_NAMES = ("TIMEOUT", "SIZE", "LIMIT", "COUNT", "PORT", "WORKERS", "RETRIES", "DEPTH", "BATCH", "QUEUE")
+NAME_STYLES = ("compound", "simple")
 _ID_RE = re.compile(r"synth_(\d+)")
 # Only the NEW value is in the prompt (the one number in the context): copying it is a content
 # lookup ("the digits"); with "change X from 42 to 17" a tiny model did not learn which of the
@@ -77,8 +81,11 @@ def _value(rng: random.Random, lo: int, hi: int) -> int:
 
 
 def make_synthetic_task(seed: int, *, n_constants: tuple[int, int] = (2, 4), value_range: tuple[int, int] = (10, 99),
-                        heldout_seed_start: int = HELDOUT_SEED_START) -> Task:
-    """The deterministic config-edit task for `seed` (module docstring)."""
+                        name_style: str = "compound", heldout_seed_start: int = HELDOUT_SEED_START) -> Task:
+    """The deterministic config-edit task for `seed` (module docstring). `name_style`: "compound"
+    (PREFIX_SUFFIX, e.g. CACHE_TIMEOUT) or "simple" (one word of `SIMPLE_NAMES`)."""
+    if name_style not in NAME_STYLES:
+        raise ValueError(f"name_style must be one of {NAME_STYLES}, got {name_style!r}")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     lo, hi = value_range
@@ -90,7 +97,10 @@ def make_synthetic_task(seed: int, *, n_constants: tuple[int, int] = (2, 4), val
     module = rng.choice(MODULES)
     n = rng.randint(*n_constants)
     # distinct prefixes and suffixes: no name is a substring of another, so "NAME = v" is unique
-    names = [f"{p}_{s}" for p, s in zip(rng.sample(PREFIXES, n), rng.sample(SUFFIXES, n))]
+    if name_style == "simple":
+        names = rng.sample(SIMPLE_NAMES, n)
+    else:
+        names = [f"{p}_{s}" for p, s in zip(rng.sample(PREFIXES, n), rng.sample(SUFFIXES, n))]
     values = [_value(rng, lo, hi) for _ in names]
     target = rng.randrange(n)
     old = values[target]

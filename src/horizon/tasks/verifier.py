@@ -17,6 +17,8 @@ Answer tasks (reward_mode "answer": questions, recall):
   number: "5" does not match "15" or "2.5"). For should_edit=False tasks any change to the
   workspace (a modified, deleted or new file, ignoring caches and ANSWER.txt) scores 0
   ("eager editing", SPEC §7 behaviour evals) unless `check_edits=False`.
+  With `metadata["answer_match"] == "exact"` the normalised final message must EQUAL one
+  string of each group (ANSWER.txt ignored): listing every candidate scores 0.
 
 `verify` never raises on sandbox trouble: it returns reward 0 with the error in `output`.
 """
@@ -132,7 +134,12 @@ def _read_answer_file(sandbox) -> str:
 def _verify_answer(task: Task, sandbox, final_answer: str, check_edits: bool, timeout: float) -> VerifyResult:
     answer_file = _read_answer_file(sandbox)
     candidate = final_answer + "\n" + answer_file
-    ok, per_group = answer_matches(task.metadata["expected"], candidate)
+    if task.metadata.get("answer_match") == "exact":   # the final message IS the answer (one group)
+        per_group = [normalize_answer(final_answer) in {normalize_answer(a) for a in g}
+                     for g in task.metadata["expected"]]
+        ok = all(per_group)
+    else:
+        ok, per_group = answer_matches(task.metadata["expected"], candidate)
     notes = [f"answer groups matched: {per_group}", f"final answer: {final_answer[:500]!r}"]
     if answer_file:
         notes.append(f"{ANSWER_PATH}: {answer_file[:500]!r}")

@@ -66,3 +66,25 @@ def apply_overrides(cfg: ml_collections.ConfigDict, items: list[str]) -> ml_coll
             value = raw
         node[leaf] = tuple(value) if isinstance(value, list) and isinstance(node[leaf], tuple) else value
     return cfg
+
+
+def deep_merge(dst: ml_collections.ConfigDict, src: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Merge `src` into `dst` in place: nested ConfigDicts recursively, other values replaced."""
+    for k, v in src.items():
+        if isinstance(v, ml_collections.ConfigDict) and k in dst and isinstance(dst[k], ml_collections.ConfigDict):
+            deep_merge(dst[k], v)
+        else:
+            dst[k] = v
+    return dst
+
+
+def merge_experiment(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Apply an experiment block's overrides of the shared sections (`exp.model`, `exp.agent`,
+    `exp.rl` -> c.model / c.agent / c.rl; configs/rl_tiny.py) and size the RL schedule to
+    `exp.steps`. Idempotent."""
+    for name in ("model", "agent", "rl"):
+        if name in c.exp:
+            deep_merge(c[name], c.exp[name])
+    c.rl.optim.steps = int(c.exp.steps)
+    c.rl.optim.warmup_steps = min(int(c.rl.optim.warmup_steps), max(0, int(c.exp.steps) - 1))
+    return c

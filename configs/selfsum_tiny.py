@@ -1,0 +1,62 @@
+"""Self-summarization experiment (SPEC §6): configs/rl_tiny.py with the key-recall family.
+
+experiments/selfsum.py SFTs one tiny policy on demonstration chains of all three context
+strategies (`exp.strategies`), then runs RL from it once per strategy with the same trigger,
+token budget, prompts and steps, and evaluates each on held-out seeds. Only `c.exp` changes;
+the agent / RL / model sections are overridden through `exp.agent`, `exp.rl`, `exp.model`.
+
+Sizes (byte tokens, `horizon.tasks.key_recall` with 3 logs of 3 lines, measured on rendered
+demos): base context ~80, key read ~75, each log read ~85. The trigger (400) fires after the
+last log, so the key's observation is gone when the answer is due unless a summary kept it:
+one summary per chain for both summarizing strategies — a self-summary of ~40 tokens vs a
+10-section compaction of ~250 (contexts up to ~845 tokens, hence max_context 960) — while the
+sliding window keeps the last calls only and drops the key's observation. Demo chains: 306
+(self-summary), 519 (compaction), 392 (window) model tokens, all under the 1536 budget.
+"""
+
+import ml_collections
+
+from horizon.tasks import key_recall
+from horizon.utils.config import sibling_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sibling_config(__file__, "rl_tiny.py")
+    e = c.exp
+    e.env = "key_recall"
+    e.task = ml_collections.ConfigDict(dict(
+        n_logs=3, log_lines=3, n_decoys=2,   # decoys: "old key NN revoked" lines in two of the logs
+        key_range=(10, 99),                  # a guess is right 1/90 of the time
+    ))
+    e.strategies = ("self_summary", "prompt_compaction", "sliding_window")
+    e.out_dir = "runs/selfsum_tiny"
+    e.steps = 12                      # RL steps per strategy
+    e.n_sft_tasks = 512               # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
+    e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs)
+    e.demo_sandboxes = 16
+    e.sft.clean_steps = 0             # one stage (the config-edit two-stage warm start is not used here)
+    e.sft.steps = 500
+    e.sft.optim.steps = 500
+    e.sft.batch_size = 8
+    e.sft.seq_len = 1024              # demo segments (<= max_context_tokens + 1) packed into rows of this many tokens
+    e.sft.corrupt_prob = 0.3          # lossy demo summaries: a decoy (or random) key instead of the key
+    e.sft.log_every = 50
+    e.eval.n_tasks = 48
+    e.eval.passes = 2
+    e.eval.every = 0                  # evaluate at step 0 (the SFT policy) and at the end only
+    e.model.max_seq_len = 1024
+    e.agent = ml_collections.ConfigDict(dict(
+        max_turns=12, max_new_tokens=64,  # summary turns count: compaction summarizes after every late log   # a read call is ~60 tokens, the final answer ~18
+        max_total_tokens=1536,            # the same generated-token budget for every strategy
+        max_context_tokens=960, trigger_tokens=400,   # room for the compaction query + its ~250-token summary
+        summary_max_tokens=64, compaction_max_tokens=320,
+        sliding_window_keep_fraction=0.75,
+        summary_query=key_recall.SUMMARY_QUERY, compaction_prompt=key_recall.COMPACTION_QUERY,
+        summary_header=key_recall.SUMMARY_HEADER, state_template=key_recall.STATE_TEMPLATE,
+        include_file_listing=False, max_malformed_calls=2, num_tool_workers=8, tool_timeout_s=20.0,
+        context_strategy="self_summary",  # replaced per run by each of exp.strategies
+    ))
+    e.rl.sampler = ml_collections.ConfigDict(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=64))
+    e.rl.batch = ml_collections.ConfigDict(dict(min_rows=32, min_seq=256))
+    e.rl.optim.steps = 12
+    return c

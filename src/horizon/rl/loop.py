@@ -1,0 +1,376 @@
+"""Synchronous RL on a procedural task family in sandboxes (SPEC §4, §6, §7).
+
+The shared core of experiments/rl.py (config-edit family, `make run`) and
+experiments/selfsum.py (key-recall family, three context strategies):
+
+- `SandboxPool`: sandboxes created once (in threads) and reset per episode with one exec;
+- `rollout_batch`: one episode per task through the agent loop (`run_episodes`: batched
+  generation, tool calls in threads), verifier + `rewards.total_reward`;
+- `evaluate`: `passes` sampled passes over held-out tasks; the std over passes is the
+  eval noise, best-of-K = tasks solved by any pass; efficiency stats per episode;
+- `run_sft`: next-token CE on demonstration rows (assistant tokens only), rows packed
+  with segment ids (`horizon.data.packing`), orbax checkpoint + resume;
+- `run_rl`: the synchronous loop — single-epoch prompts, `group_size` rollouts each,
+  `build_batch` -> `trainer.train_step` (Dr.GRPO, KL k1, router replay), periodic eval,
+  checkpoints (RLState + prompt-sampler state; a rerun resumes).
+
+Everything reads the experiment config `c` (configs/rl_tiny.py's `exp` block): no
+hyperparameter lives here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from horizon.agent import Segment, run_episodes
+from horizon.data.packing import pack_sequences
+from horizon.rl import batch as rlbatch
+from horizon.rl import prompts, rewards, sampler, trainer
+from horizon.tasks import verify
+from horizon.tasks.families import Family, make_episode
+from horizon.train import lm
+from horizon.train.checkpoint import Checkpointer
+from horizon.utils.config import merge_experiment  # noqa: F401  (re-exported: loop.merge_experiment)
+
+Log = Callable[[dict], None]
+
+
+def load_experiment(path: str, sets=(), *, env: str) -> ml_collections.ConfigDict:
+    """An experiment config (configs/rl_tiny.py style) with `--set`s applied, the agent section
+    added (configs/agent_tiny.py when the file has none), the `exp` overrides merged, and the
+    checks every driver needs. `env` is the task family the calling driver runs."""
+    from horizon.utils.config import apply_overrides, load_config_file
+
+    c = load_config_file(path)
+    apply_overrides(c, sets)
+    if "exp" not in c:
+        raise ValueError(f"{path} has no `exp` section (see configs/rl_tiny.py's experiment block)")
+    if c.exp.env != env:
+        raise ValueError(f"{path}: this driver runs exp.env={env!r}, got {c.exp.env!r}")
+    if "agent" not in c:
+        c.agent = load_config_file(pathlib.Path(path).with_name("agent_tiny.py")).agent
+    merge_experiment(c)
+    if c.exp.pool_size < c.rl.group_size * c.rl.prompts_per_step:
+        raise ValueError("exp.pool_size must hold one step's rollouts (group_size * prompts_per_step)")
+    if c.agent.max_context_tokens > c.model.max_seq_len:
+        raise ValueError("agent.max_context_tokens must fit model.max_seq_len")
+    return c
+
+
+def experiment_keys(c) -> dict:
+    """The run's PRNG keys from `c.seed` (init / rl / check): shared by the drivers, so
+    experiments/rl_async.py rebuilds experiments/rl.py's SFT init bit for bit."""
+    names = ("init", "rl", "check")
+    return dict(zip(names, jax.random.split(jax.random.key(int(c.seed)), len(names))))
+
+
+class SandboxPool:
+    """`n` sandboxes of `backend` created in parallel and reused across episodes."""
+
+    def __init__(self, n: int, backend: str, *, cpus: float, mem: str, workers: int):
+        from horizon.sandbox import open_sandbox
+
+        self.workers = int(workers)
+        limits = dict(cpus=float(cpus), mem_limit=str(mem)) if backend == "docker" else {}
+        image = "horizon-sandbox:base" if backend == "docker" else None
+        if backend == "docker":   # sandboxes are made in worker threads: install SIGTERM cleanup here
+            from horizon.sandbox.docker import install_cleanup_hooks
+
+            install_cleanup_hooks()
+        with ThreadPoolExecutor(self.workers) as ex:
+            self.boxes = list(ex.map(lambda _: open_sandbox(backend, image, **limits), range(int(n))))
+
+    @classmethod
+    def from_config(cls, c, n: int | None = None) -> "SandboxPool":
+        e = c.exp
+        return cls(int(n or e.pool_size), e.backend, cpus=e.sandbox_cpus, mem=e.sandbox_mem,
+                   workers=int(c.agent.num_tool_workers))
+
+    def map(self, fn, *its):
+        with ThreadPoolExecutor(self.workers) as ex:
+            return list(ex.map(fn, *its))
+
+    def close(self):
+        try:
+            self.map(lambda b: b.close(), self.boxes)
+        except RuntimeError:        # at interpreter exit (atexit) no new threads: one by one
+            for b in self.boxes:
+                b.close()
+
+
+def trim_segment(seg: Segment) -> Segment:
+    """Drop tokens after the last model token (the final observation): they carry no loss and,
+    the model being causal, do not change any trained log-prob; keeps rows in fewer buckets."""
+    hit = np.nonzero(np.asarray(seg.loss_mask))[0]
+    n = int(hit[-1]) + 1 if len(hit) else len(seg.tokens)
+    ri = None if seg.router_indices is None else seg.router_indices[:, :n]
+    return Segment(seg.tokens[:n], seg.loss_mask[:n], seg.logprobs[:n], seg.policy_versions[:n], ri)
+
+
+def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
+    """One episode per task (len(tasks) <= pool size) -> (trajectories, rewards, infos)."""
+    if len(tasks) > len(pool.boxes):
+        raise ValueError(f"{len(tasks)} tasks for a pool of {len(pool.boxes)} sandboxes")
+    boxes = pool.boxes[:len(tasks)]
+    pool.map(family.reset, boxes, tasks)
+    eps = [make_episode(family, t, sb, tok, c.agent) for t, sb in zip(tasks, boxes)]
+    steps = 2 * (int(c.agent.max_turns) + int(c.agent.max_malformed_calls)) + 8
+    trajs = run_episodes(policy, eps, max_steps=steps, num_tool_workers=pool.workers)
+    for tr in trajs:
+        tr.segments = [trim_segment(sg) for sg in tr.segments]
+    vs = pool.map(lambda t, sb, tr: verify(t, sb, tr.final_answer, timeout=float(c.exp.verify_timeout_s),
+                                           check_edits=family.check_edits), tasks, boxes, trajs)
+    rs, infos = [], []
+    for tr, v in zip(trajs, vs):
+        r, info = rewards.total_reward(v.reward, tr.stats, c.rl)
+        rs.append(float(r))
+        infos.append(dict(info, verifier=v.reward, end=tr.end_reason, gen_tokens=tr.num_generated_tokens, **tr.stats))
+    return trajs, rs, infos
+
+
+EFFICIENCY_KEYS = ("gen_tokens", "summaries", "summary_tokens", "tool_calls", "turns", "malformed_calls")
+
+
+def evaluate(family: Family, params, tasks, pool: SandboxPool, c, tok, key, version: int) -> dict:
+    """`c.exp.eval.passes` sampled passes over `tasks`: mean, std over passes (the eval noise),
+    best-of-passes, per-pass means, and efficiency: mean per episode of EFFICIENCY_KEYS,
+    generated tokens per solved task, summary tokens per summary."""
+    ev = c.exp.eval
+    holder = sampler.ParamsHolder(params, version=version)
+    policy = sampler.make_policy(holder, c, key, temperature=float(ev.temperature))
+    n, passes = len(pool.boxes), int(ev.passes)
+    solved = np.zeros((passes, len(tasks)), np.float32)
+    infos = []
+    for p in range(passes):
+        for i in range(0, len(tasks), n):
+            chunk = tasks[i:i + n]
+            _, _, inf = rollout_batch(family, chunk, policy, pool, c, tok)
+            solved[p, i:i + len(chunk)] = [x["verifier"] for x in inf]
+            infos += inf
+    per_pass = solved.mean(axis=1)
+    eff = {f"eval_{k}": float(np.mean([x[k] for x in infos])) for k in EFFICIENCY_KEYS}
+    n_solved = float(solved.sum())
+    eff["eval_tokens_per_solved"] = float(sum(x["gen_tokens"] for x in infos) / n_solved) if n_solved else None
+    n_sum = sum(x["summaries"] for x in infos)
+    eff["eval_tokens_per_summary"] = float(sum(x["summary_tokens"] for x in infos) / n_sum) if n_sum else None
+    return dict(heldout_mean=float(per_pass.mean()),
+                heldout_std=float(per_pass.std(ddof=1)) if passes > 1 else 0.0,
+                heldout_best_of_k=float(solved.max(axis=0).mean()), heldout_passes=per_pass.tolist(), **eff)
+
+
+# ----------------------------------------------------------------------------- SFT
+def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", steps: int | None = None):
+    """Train `params` for `steps` (default `c.exp.sft.steps`) on demonstration `rows`
+    [(tokens, loss_mask)] packed into rows of `c.exp.sft.seq_len` (optimizer `c.exp.sft.optim`,
+    schedule sized to `steps`); resumes from out/<name> if a finished checkpoint is there."""
+    s = c.exp.sft
+    if steps is not None:
+        c = ml_collections.ConfigDict(c.to_dict())
+        c.exp.sft.steps = int(steps)
+        s = c.exp.sft
+    sc, state = _sft_state(params, c)
+    ck = Checkpointer(out / name, every=max(1, int(s.steps)), keep=1)
+    got = ck.restore_latest(state)
+    if got is not None:
+        ck.close()
+        print(f"{name}: restored step {got[1]['step']} from {out / name}", flush=True)
+        return got[0].params
+    packed = pack_sequences([r[0] for r in rows], int(s.seq_len), pad_id=tok_pad(c),
+                            extras={"mask": [np.asarray(r[1], np.float32) for r in rows]})
+    B = int(s.batch_size)
+    if packed.num_rows < B:
+        raise ValueError(f"{len(rows)} demo rows pack into {packed.num_rows} rows < exp.sft.batch_size={B}")
+    rng = np.random.default_rng(int(c.seed))
+    step_fn = lm.jit_train_step(sc)
+    print(f"{name}: {len(rows)} demo rows packed into {packed.num_rows} rows of {s.seq_len} tokens "
+          f"({packed.lengths.sum() / packed.tokens.size:.0%} full)", flush=True)
+    t0 = time.time()
+    for i in range(int(s.steps)):
+        idx = rng.choice(packed.num_rows, B, replace=False)
+        b = dict(tokens=packed.tokens[idx], segment_ids=packed.segment_ids[idx], positions=packed.positions[idx],
+                 mask=packed.extras["mask"][idx])
+        state, m = step_fn(state, {k: jnp.asarray(v) for k, v in b.items()})
+        if (i + 1) % int(s.log_every) == 0 or i + 1 == int(s.steps):
+            rec = dict(phase=name, step=i + 1, loss=float(m["loss"]), wall_s=time.time() - t0)
+            log(rec)
+            print(f"{name} {i + 1}/{s.steps}: loss {rec['loss']:.4f} ({rec['wall_s']:.0f}s)", flush=True)
+    ck.save(int(s.steps), state, {"step": int(s.steps)}, force=True)
+    ck.close()
+    return state.params
+
+
+def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
+    """experiments/rl.py's SFT stage, from `transformer.init(key_init)` into out/<name>, in two
+    stages on the same `exp.n_sft_tasks` train tasks (`families.config_edit_demos`):
+
+    1. `exp.sft.clean_steps` steps on correct demos (out/<name>_clean): the tiny model learns to
+       copy the prompt's value (a phase transition that, on demos where half the values are
+       wrong, came anywhere between ~600 and >800 steps depending on the seed);
+    2. `exp.sft.steps` steps on imperfect demos (`exp.sft.corrupt_prob`, `exp.sft.corrupt`):
+       the copy circuit stays, the policy now mixes the right value with the demonstrator's
+       systematic error — RL's headroom."""
+    from horizon.model import transformer
+    from horizon.tasks.families import config_edit_demos
+
+    tasks = family.tasks("train", int(c.exp.n_sft_tasks))
+
+    def demos(p):
+        return config_edit_demos(tasks, tok, np.random.default_rng(int(c.seed)), corrupt_prob=p,
+                                 value_range=tuple(c.exp.task.value_range), corrupt=str(c.exp.sft.corrupt))
+
+    params = transformer.init(key_init, c.model)
+    n_clean = int(c.exp.sft.get("clean_steps", 0))
+    if n_clean > 0 and not (out / name).is_dir():
+        params = run_sft(params, demos(0.0), c, out, log, name=f"{name}_clean", steps=n_clean)
+    return run_sft(params, demos(float(c.exp.sft.corrupt_prob)), c, out, log, name=name)
+
+
+def _sft_state(params, c):
+    """(the SFT train config, a fresh `lm.TrainState` of `params`): also the restore template."""
+    s = c.exp.sft
+    sc = ml_collections.ConfigDict(dict(model=c.model, train=s.optim))
+    sc.train.steps = int(s.steps)
+    sc.train.warmup_steps = min(int(sc.train.warmup_steps), int(s.steps) - 1)
+    opt = lm.optimizer(params, sc)
+    return sc, lm.TrainState(jnp.zeros((), jnp.int32), params, opt.init(params), jax.random.PRNGKey(0))
+
+
+def load_sft_params(c, directory: str | pathlib.Path):
+    """The params of the finished SFT checkpoint `run_sft` wrote to `directory` (e.g.
+    runs/rl_tiny/sft): the warm start other drivers (experiments/rl_async.py, eval) reuse."""
+    from horizon.model import transformer
+
+    template = jax.eval_shape(lambda: _sft_state(transformer.init(jax.random.key(0), c.model), c)[1])
+    ck = Checkpointer(pathlib.Path(directory), every=1, keep=1)
+    try:
+        got = ck.restore_latest(template)
+    finally:
+        ck.close()
+    if got is None:
+        raise FileNotFoundError(f"no SFT checkpoint in {directory} (run experiments/rl.py, or run_sft, first)")
+    return got[0].params
+
+
+def tok_pad(c) -> int:
+    from horizon.data.tokenizer import ByteTokenizer
+
+    return ByteTokenizer(c.model.vocab_size).PAD
+
+
+# ----------------------------------------------------------------------------- RL
+def run_rl(params, family: Family, pool: SandboxPool, c, tok, out: pathlib.Path, log: Log, key, heldout,
+           *, tag: str = "") -> dict:
+    """The synchronous RL loop (module docstring) from `params`; evaluates on `heldout` at step 0,
+    every `exp.eval.every` steps and at the end. Returns {"evals": {step: eval}, "state": RLState}."""
+    steps, G, P = int(c.exp.steps), int(c.rl.group_size), int(c.rl.prompts_per_step)
+    k_pol, k_eval = jax.random.split(key)
+    rl_seeds = family.seeds("train", steps * P, int(c.exp.n_sft_tasks))
+    tasks = {t.id: t for t in map(family.make_task, rl_seeds)}
+    psamp = prompts.sampler_from_config(sorted(tasks), c.rl, seed=int(c.seed))
+    # train_step donates its state: copy, so the caller's `params` (e.g. one SFT checkpoint shared
+    # by several runs, experiments/selfsum.py) stay valid
+    state = trainer.init_state(jax.tree.map(jnp.copy, params), c)
+    ck = Checkpointer(out / "ckpt", every=max(1, int(c.train.checkpoint_every)), keep=int(c.train.max_checkpoints))
+    start = 0
+    got = ck.restore_latest(state)
+    if got is not None:
+        state, meta = got
+        start = int(meta["step"])
+        psamp = prompts.PromptSampler.from_state_dict(meta["prompt_sampler"])
+        print(f"{tag}RL: resumed at step {start}", flush=True)
+    holder = sampler.ParamsHolder(state.params, version=start)
+    policy = sampler.make_policy(holder, c, k_pol)
+    evals = {}
+
+    def do_eval(step):
+        t0 = time.time()
+        e = evaluate(family, state.params, heldout, pool, c, tok, jax.random.fold_in(k_eval, step), step)
+        e.update(phase="eval", step=step, eval_s=time.time() - t0, **({"run": tag.strip(": ")} if tag else {}))
+        log(e)
+        evals[step] = e
+        print(f"{tag}eval @ {step}: held-out {e['heldout_mean']:.3f} ± {e['heldout_std']:.3f} "
+              f"(passes {['%.3f' % x for x in e['heldout_passes']]}), best-of-{c.exp.eval.passes} "
+              f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s)", flush=True)
+
+    if start == 0:
+        do_eval(0)
+    t_start = time.time()
+    for step in range(start, steps):
+        t0 = time.time()
+        ids = psamp.sample(P, step)
+        if len(ids) < P:
+            print(f"{tag}prompt set exhausted (single epoch): stopping", flush=True)
+            break
+        batch_tasks = [tasks[i] for i in ids for _ in range(G)]
+        trajs, rs, infos = rollout_batch(family, batch_tasks, policy, pool, c, tok)
+        for t, tr in zip(batch_tasks, trajs):
+            psamp.record_rollout(t.id, turns=tr.stats["turns"], thinking_tokens=tr.stats["thinking_tokens"])
+        t_roll = time.time() - t0
+        groups = [trajs[g * G:(g + 1) * G] for g in range(P)]
+        b = rlbatch.build_batch_from_config(groups, np.asarray(rs, np.float32).reshape(P, G), c)
+        t1 = time.time()
+        state, m = trainer.train_step(state, b, cfg=c)
+        holder.update(state.params, version=step + 1)
+        rec = {k: float(v) for k, v in jax.device_get(m).items()}
+        gen = sum(tr.num_generated_tokens for tr in trajs)
+        rec.update(phase="rl", step=step + 1, group_size=G, rollout_s=t_roll, train_s=time.time() - t1,
+                   step_s=time.time() - t0, gen_tokens_per_s=gen / max(t_roll, 1e-9),
+                   success=float(np.mean([i["verifier"] for i in infos])),
+                   malformed=float(np.mean([i["malformed_calls"] > 0 for i in infos])),
+                   summaries=float(np.mean([i["summaries"] for i in infos])),
+                   **({"run": tag.strip(": ")} if tag else {}),
+                   **{f"batch/{k}": v for k, v in rlbatch.batch_stats(b).items()})
+        log(rec)
+        print(f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{G} {rec['best_of_k']:.3f} "
+              f"success {rec['success']:.3f} malformed {rec['malformed']:.2f} kl {rec.get('kl_k1', 0.0):.2e} "
+              f"gen {rec['gen_tokens_per_s']:.0f} tok/s rollout {t_roll:.1f}s train {rec['train_s']:.1f}s "
+              f"({time.time() - t_start:.0f}s)", flush=True)
+        ck.save(step + 1, state, {"step": step + 1, "prompt_sampler": psamp.state_dict()}, force=step + 1 == steps)
+        every = int(c.exp.eval.every)
+        if step + 1 < steps and every > 0 and (step + 1) % every == 0:
+            do_eval(step + 1)
+    final = int(jax.device_get(state.step))
+    if final not in evals:
+        do_eval(final)
+    ck.close()
+    return {"evals": evals, "state": state}
+
+
+def gain_summary(evals: dict, records: list[dict]) -> dict:
+    """The must-show numbers of a run: held-out gain vs 3 x eval noise, best-of-K start/end."""
+    first, last = evals[min(evals)], evals[max(evals)]
+    noise = max(first["heldout_std"], last["heldout_std"])
+    rl_recs = [r for r in records if r.get("phase") == "rl"]
+    return dict(heldout_start=first["heldout_mean"], heldout_end=last["heldout_mean"],
+                heldout_gain=last["heldout_mean"] - first["heldout_mean"], eval_noise_std=noise,
+                gain_over_3std=bool(last["heldout_mean"] - first["heldout_mean"] > 3 * noise),
+                heldout_best_of_k_start=first["heldout_best_of_k"], heldout_best_of_k_end=last["heldout_best_of_k"],
+                train_best_of_k_first=rl_recs[0]["best_of_k"] if rl_recs else None,
+                train_best_of_k_last=rl_recs[-1]["best_of_k"] if rl_recs else None, steps=max(evals))
+
+
+class JsonlLog:
+    """Append-only JSONL metrics (one record per call, with wall time since start); keeps records."""
+
+    def __init__(self, path: pathlib.Path):
+        self.t0 = time.time()
+        self.records: list[dict] = []
+        self.f = open(path, "a")
+
+    def __call__(self, rec: dict) -> None:
+        rec = dict(rec, time_s=time.time() - self.t0)
+        self.records.append(rec)
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+
+    def close(self):
+        self.f.close()

@@ -1,0 +1,212 @@
+"""Procedurally generated key-recall tasks: self-summarization at tiny scale (SPEC §6).
+
+The hand-written recall family (`horizon.tasks.recall`) reads ~50 KB of logs, far beyond
+what a byte-level tiny model can learn on CPU. This family keeps its *structure* at a
+size the tiny model trains on in minutes, so the self-summarization experiment
+(experiments/selfsum.py) compares the context strategies with a trained policy:
+
+    prompt:  "Read key.txt, then 1.log to 4.log. Then reply with the key."
+    key.txt: "key: 47"                    (the fact, only ever seen in a tool output)
+    k.log:   filler lines; some hold decoys "old key 31 revoked"
+    answer:  "<final>47</final>"          (exact match: a list of numbers scores 0)
+
+Reading the logs pushes the context past the compaction trigger, so the key's
+observation is gone after a compaction: the answer survives only if the summary kept it
+(self-summary, prompt compaction) and never under a sliding window (the window drops the
+oldest turns first). The env's one tool is `read(path)` (SPEC §5 per-environment tool
+sets), executed in the sandbox (`cat`). Everything is deterministic in the seed; held-out
+tasks are unseen seeds (>= `HELDOUT_SEED_START`).
+
+`DemoPolicy` writes demonstrations for SFT the way a model would act: it reads only the
+context (the key from the key.txt observation or a previous summary, progress from the
+last `read` call or the summary) and, with probability `corrupt_prob`, writes a lossy
+summary (a decoy or random key). The final answer copies whatever key the context holds,
+so a lossy summary costs the chain its reward: that is the signal RL through summaries
+learns from (SPEC §6: the final reward applies to every token of the chain).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import shlex
+import zlib
+
+import numpy as np
+
+from horizon.tasks.task import Task
+from horizon.tools.registry import Param, Tool, ToolArgError, ToolContext, ToolRegistry
+
+HELDOUT_SEED_START = 1_000_000
+WORKSPACE = "/workspace"
+KEY_FILE = "key.txt"
+SYSTEM_PROMPT = "Tool: read(path)."
+PROMPT_TEMPLATE = "Read key.txt, then 1.log to {n}.log. Then reply with the key."
+# Short strategy texts for this env (`agent.summary_query` etc.; the defaults in
+# horizon.agent.summarize are sized for real models and would dwarf a 400-byte context).
+SUMMARY_QUERY = "Summarize."
+COMPACTION_SECTIONS = ("request", "concepts", "files", "errors", "solving", "facts", "messages", "pending",
+                       "current", "next")
+COMPACTION_QUERY = "Summarize in 10 sections: " + ", ".join(f"{i} {s}" for i, s in
+                                                            enumerate(COMPACTION_SECTIONS, 1)) + "."
+SUMMARY_HEADER = "Summary: "
+STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
+_PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
+_KEY_RE = re.compile(r"(?<!old )key:? (\d+)")       # "key: 47" (file) or "key 47" (summary); not decoys
+_LAST_RE = re.compile(r"(?:last|current:) (\d+)\.log")
+_READ_RE = re.compile(r"<parameter=path>(?:/workspace/)?(\d+)\.log</parameter>")
+_ID_RE = re.compile(r"keyrecall_(\d+)")
+_FILLER = "abcdef0123456789"
+
+
+def key_recall_seeds(split: str, n: int, start: int = 0) -> list[int]:
+    """`n` consecutive seeds of `split` from offset `start` (train and held-out ranges are disjoint)."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if n < 0 or start < 0:
+        raise ValueError(f"n and start must be >= 0, got {n}, {start}")
+    first = start if split == "train" else HELDOUT_SEED_START + start
+    if split == "train" and first + n > HELDOUT_SEED_START:
+        raise ValueError(f"train seeds reach the held-out range (>= {HELDOUT_SEED_START})")
+    return list(range(first, first + n))
+
+
+def _log(rng: random.Random, n_lines: int, decoy: int | None) -> str:
+    lines = ["ok " + "".join(rng.choice(_FILLER) for _ in range(4)) for _ in range(n_lines)]
+    if decoy is not None:
+        lines.insert(rng.randrange(n_lines + 1), f"old key {decoy} revoked")
+    return "\n".join(lines) + "\n"
+
+
+def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_decoys: int = 2,
+                         key_range: tuple[int, int] = (10, 99)) -> Task:
+    """The deterministic key-recall task for `seed` (module docstring)."""
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if not 1 <= n_logs <= 9 or log_lines < 1 or not 0 <= n_decoys <= n_logs:
+        raise ValueError(f"bad sizes: n_logs={n_logs} (1..9), log_lines={log_lines} (>=1), "
+                         f"n_decoys={n_decoys} (0..n_logs)")
+    lo, hi = key_range
+    if not 0 <= lo < hi or hi - lo < n_decoys:
+        raise ValueError(f"key_range must be 0 <= lo < hi with room for {n_decoys} decoys, got {key_range}")
+    rng = random.Random(f"key-recall-{seed}")
+    key = rng.randint(lo, hi)
+    decoys = rng.sample([k for k in range(lo, hi + 1) if k != key], n_decoys)
+    decoy_at = dict(zip(rng.sample(range(1, n_logs + 1), n_decoys), decoys))
+    files = {KEY_FILE: f"key: {key}\n"}
+    files.update({f"{i}.log": _log(rng, log_lines, decoy_at.get(i)) for i in range(1, n_logs + 1)})
+    solution = tuple({"name": "read", "args": {"path": p}} for p in [KEY_FILE] + [f"{i}.log"
+                                                                                  for i in range(1, n_logs + 1)])
+    return Task(id=f"keyrecall_{seed}", prompt=PROMPT_TEMPLATE.format(n=n_logs), files=files, test_cmd="",
+                reward_mode="answer", solution=solution, final_answer=str(key), should_edit=False, kind="recall",
+                split="heldout" if seed >= HELDOUT_SEED_START else "train",
+                metadata={"source": "key_recall", "seed": seed, "key": key, "decoys": decoys, "n_logs": n_logs,
+                          "expected": [[str(key)]], "answer_match": "exact"})
+
+
+def key_recall_task_from_id(task_id: str, **kw) -> Task:
+    m = _ID_RE.fullmatch(task_id)
+    if not m:
+        raise ValueError(f"not a key-recall task id: {task_id!r} (expected keyrecall_<seed>)")
+    return make_key_recall_task(int(m.group(1)), **kw)
+
+
+# ----------------------------------------------------------------------------- the env's tool
+def read_file_tool(ctx: ToolContext, path: str) -> str:
+    """`read(path)`: the file's text (one `cat` in the sandbox). Paths are workspace-relative
+    names (a leading /workspace/ is accepted)."""
+    name = path.strip().removeprefix(WORKSPACE + "/")
+    if not _PATH_RE.match(name) or name.startswith("."):
+        raise ToolArgError(f"path must be a file name in {WORKSPACE}, got {path[:40]!r}")
+    res = ctx.sandbox.exec(f"cat -- {shlex.quote(WORKSPACE + '/' + name)}", timeout=ctx.timeout_s, workdir="/")
+    if res.exit_code != 0:
+        raise ToolArgError(f"no file {name}")
+    return res.output
+
+
+READ_TOOL = Tool("read", "Print a file of /workspace.", (Param("path", "str", True, "file name, e.g. 1.log"),),
+                 read_file_tool)
+
+
+def key_recall_registry(strict: bool = True) -> ToolRegistry:
+    return ToolRegistry([READ_TOOL], strict=strict)
+
+
+# ----------------------------------------------------------------------------- demonstrations
+def _text_of(context, tok) -> tuple[str, str]:
+    """(whole context text, last non-assistant message text)."""
+    from horizon.agent.prompt import split_turns
+
+    turns = split_turns(context, tok)
+    last = next((t for r, t in reversed(turns) if r != "assistant"), "")
+    return "\n".join(t for _, t in turns), last
+
+
+def _n_logs(text: str) -> int:
+    m = re.search(r"then 1\.log to (\d+)\.log", text)
+    return int(m.group(1)) if m else 0
+
+
+@dataclasses.dataclass
+class DemoPolicy:
+    """Scripted demonstrator that acts from the context only (module docstring).
+
+    `corrupt_prob`: probability that a summary writes a wrong key (a decoy seen in the
+    context if any, else a random key). Deterministic: the draw is a hash of (seed, context)."""
+
+    tok: object
+    corrupt_prob: float = 0.0
+    seed: int = 0
+    key_range: tuple[int, int] = (10, 99)
+
+    def _rng(self, text: str) -> random.Random:
+        return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
+
+    def _key(self, text: str, rng: random.Random) -> str:
+        keys = _KEY_RE.findall(text)
+        return keys[-1] if keys else str(rng.randint(*self.key_range))   # not in context: a guess
+
+    def _last_log(self, text: str) -> int:
+        reads = [int(x) for x in _READ_RE.findall(text)] + [int(x) for x in _LAST_RE.findall(text)]
+        return max(reads) if reads else 0
+
+    def summary(self, text: str, compaction: bool) -> str:
+        rng = self._rng(text)
+        key = self._key(text, rng)
+        if rng.random() < self.corrupt_prob:             # a lossy summary
+            decoys = [d for d in re.findall(r"old key (\d+)", text) if d != key]
+            key = rng.choice(decoys) if decoys else str(rng.randint(*self.key_range))
+        last, n = self._last_log(text), _n_logs(text)
+        if not compaction:
+            return f"<summary>key {key}, last {last}.log</summary>"
+        pending = " ".join(f"{i}.log" for i in range(last + 1, n + 1)) or "none"
+        done = " ".join([KEY_FILE] + [f"{i}.log" for i in range(1, last + 1)])
+        nxt = f"read {last + 1}.log" if last < n else "reply key"
+        body = {"request": f"read key.txt, {n} logs; reply key", "concepts": "logs, key", "files": done,
+                "errors": "none", "solving": "read logs in order", "facts": f"key {key}", "messages": "1 task",
+                "pending": pending, "current": f"{last}.log", "next": nxt}
+        return "<summary>" + "\n".join(f"{i} {s}: {body[s]}" for i, s in
+                                       enumerate(COMPACTION_SECTIONS, 1)) + "</summary>"
+
+    def act(self, context) -> str:
+        from horizon.tools.format import render_call, render_final
+
+        text, last_msg = _text_of(context, self.tok)
+        if last_msg in (SUMMARY_QUERY, COMPACTION_QUERY):
+            return self.summary(text, compaction=last_msg == COMPACTION_QUERY)
+        if self._last_log(text) == 0 and not _KEY_RE.search(text):     # nothing read yet
+            return render_call("read", {"path": KEY_FILE})
+        last, n = self._last_log(text), _n_logs(text)
+        if last < n:
+            return render_call("read", {"path": f"{last + 1}.log"})
+        return render_final(self._key(text, self._rng(text)))
+
+    def __call__(self, contexts, max_new_tokens: int):
+        from horizon.agent.rollout import Generation
+
+        out = []
+        for ctx in contexts:
+            ids = np.asarray(self.tok.encode(self.act(ctx)) + [self.tok.END_TURN], np.int32)[:max_new_tokens]
+            out.append(Generation(ids, np.zeros(len(ids), np.float32), None, 0))
+        return out

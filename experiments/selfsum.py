@@ -3,8 +3,8 @@
     python experiments/selfsum.py --config=configs/selfsum_tiny.py
     python experiments/selfsum.py --config=configs/selfsum_tiny.py --set exp.steps=2 --set exp.sft.steps=5
 
-Task family: `horizon.tasks.key_recall` — read key.txt, then four logs (with decoy keys);
-the context passes the compaction trigger before the last log, so the key's observation is
+Task family: `horizon.tasks.key_recall` — read key.txt, then `exp.task.n_logs` logs (with decoy keys);
+the context passes the compaction trigger after the last log, so the key's observation is
 gone by the time the answer is due: it survives only in a summary.
 
 1. Demonstrations: `DemoPolicy` chains for each strategy in `exp.strategies`, rolled out

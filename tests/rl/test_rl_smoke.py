@@ -58,3 +58,28 @@ def test_rl_driver_end_to_end(tmp_path):
     # a rerun resumes from the RL checkpoint (no SFT, no new RL step) and rewrites the summary
     again = _driver().main(argv)
     assert again["steps"] == 1
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_selfsum_driver_end_to_end(tmp_path):
+    """experiments/selfsum.py at toy size: demos of the three strategies, one SFT, RL per strategy from
+    the same params (train_step donates its state: the second run must not see deleted buffers), table."""
+    from horizon.sandbox import docker_available
+
+    if not docker_available():
+        pytest.skip("\n\n*** DOCKER ENGINE NOT AVAILABLE: the selfsum driver smoke test was SKIPPED ***\n")
+    spec = importlib.util.spec_from_file_location("selfsum_driver", ROOT / "experiments" / "selfsum.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "ss"
+    argv = [f"--config={ROOT / 'configs' / 'selfsum_tiny.py'}", f"--out={out}"]
+    for s in ("exp.steps=1", "exp.sft.steps=2", "exp.sft.log_every=1", "exp.n_sft_tasks=8", "exp.eval.n_tasks=4",
+              "exp.sft.batch_size=4", "exp.pool_size=32"):
+        argv += ["--set", s]
+    res = mod.main(argv)
+    assert set(res["results"]) == {"self_summary", "prompt_compaction", "sliding_window"}
+    assert "gap_at_least_30_points" in res["checks"] and "self_summary_fewer_summary_tokens" in res["checks"]
+    md = (out / "selfsum.md").read_text()
+    assert sum(x.startswith("| ") for x in md.splitlines()) == 4       # header + one row per strategy
+    assert (out / "selfsum.png").stat().st_size > 1000

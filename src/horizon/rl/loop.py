@@ -58,6 +58,8 @@ def load_experiment(path: str, sets=(), *, env: str) -> ml_collections.ConfigDic
         raise ValueError(f"{path}: this driver runs exp.env={env!r}, got {c.exp.env!r}")
     if "agent" not in c:
         c.agent = load_config_file(pathlib.Path(path).with_name("agent_tiny.py")).agent
+    if int(c.exp.steps) < 1:
+        raise ValueError(f"exp.steps must be >= 1 (RL steps; the step-0 eval always runs), got {c.exp.steps}")
     merge_experiment(c)
     if c.exp.pool_size < c.rl.group_size * c.rl.prompts_per_step:
         raise ValueError("exp.pool_size must hold one step's rollouts (group_size * prompts_per_step)")

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 import time
 
@@ -52,11 +51,8 @@ import numpy as np
 
 from horizon.agent import Message, render
 from horizon.agent.prompt import task_text
-from horizon.data.tokenizer import ByteTokenizer
 from horizon.rl import loop, sampler
-from horizon.tasks.families import family_from_config
 from horizon.tools.format import parse_action
-from horizon.utils.config import dump_config
 
 
 def parse_args(argv=None):
@@ -124,15 +120,7 @@ def plot(records, path):
 def main(argv=None):
     a = parse_args(argv)
     t_start = time.time()
-    c = loop.load_experiment(a.config, a.set, env="config_edit")
-    out = pathlib.Path(a.out or c.exp.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_config(c, out / "config.json")
-    if c.train.get("compilation_cache_dir"):
-        jax.config.update("jax_compilation_cache_dir", str(c.train.compilation_cache_dir))
-    tok = ByteTokenizer(c.model.vocab_size)
-    log = loop.JsonlLog(out / "metrics.jsonl")
-    family = family_from_config(c.exp)
+    c, out, tok, log, family = loop.start_run(a.config, a.set, a.out, env="config_edit")
     keys = loop.experiment_keys(c)
     k_init, k_rl, k_chk = keys["init"], keys["rl"], keys["check"]
     pool = loop.SandboxPool.from_config(c)

@@ -25,17 +25,14 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import pathlib
 import sys
 import time
 
 import jax
 
-from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
 from horizon.rl import loop
-from horizon.tasks.families import family_from_config, key_recall_demos
-from horizon.utils.config import dump_config
+from horizon.tasks.families import key_recall_demos
 
 MIN_GAP_VS_WINDOW = 0.30     # the must-show: trained self-summary beats sliding window by >= 30 points
 
@@ -123,15 +120,7 @@ def plot(results: dict, path):
 def main(argv=None):
     a = parse_args(argv)
     t_start = time.time()
-    c = loop.load_experiment(a.config, a.set, env="key_recall")
-    out = pathlib.Path(a.out or c.exp.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_config(c, out / "config.json")
-    if c.train.get("compilation_cache_dir"):
-        jax.config.update("jax_compilation_cache_dir", str(c.train.compilation_cache_dir))
-    tok = ByteTokenizer(c.model.vocab_size)
-    log = loop.JsonlLog(out / "metrics.jsonl")
-    family = family_from_config(c.exp)
+    c, out, tok, log, family = loop.start_run(a.config, a.set, a.out, env="key_recall")
     key = jax.random.key(int(c.seed))
     k_init, k_rl = jax.random.split(key)
     rows = [] if (out / "sft").is_dir() else demo_rows(family, c, tok)

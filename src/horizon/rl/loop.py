@@ -68,6 +68,23 @@ def load_experiment(path: str, sets=(), *, env: str) -> ml_collections.ConfigDic
     return c
 
 
+def start_run(config: str, sets, out: str | None, *, env: str):
+    """The common start of a driver: `load_experiment`, the run dir (`out` or `exp.out_dir`) with
+    config.json, the XLA compilation cache, tokenizer, metrics log, task family.
+    Returns (c, out_dir, tok, log, family)."""
+    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.tasks.families import family_from_config
+    from horizon.utils.config import dump_config
+
+    c = load_experiment(config, sets, env=env)
+    out_dir = pathlib.Path(out or c.exp.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(c, out_dir / "config.json")
+    if c.train.get("compilation_cache_dir"):
+        jax.config.update("jax_compilation_cache_dir", str(c.train.compilation_cache_dir))
+    return c, out_dir, ByteTokenizer(c.model.vocab_size), JsonlLog(out_dir / "metrics.jsonl"), family_from_config(c.exp)
+
+
 def experiment_keys(c) -> dict:
     """The run's PRNG keys from `c.seed` (init / rl / check): shared by the drivers, so
     experiments/rl_async.py rebuilds experiments/rl.py's SFT init bit for bit."""

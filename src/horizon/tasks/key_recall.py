@@ -35,6 +35,7 @@ import zlib
 
 import numpy as np
 
+from horizon.tasks.synthetic import synthetic_seeds
 from horizon.tasks.task import Task
 from horizon.tools.registry import Param, Tool, ToolArgError, ToolContext, ToolRegistry
 
@@ -62,14 +63,7 @@ _FILLER = "abcdef0123456789"
 
 def key_recall_seeds(split: str, n: int, start: int = 0) -> list[int]:
     """`n` consecutive seeds of `split` from offset `start` (train and held-out ranges are disjoint)."""
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    if n < 0 or start < 0:
-        raise ValueError(f"n and start must be >= 0, got {n}, {start}")
-    first = start if split == "train" else HELDOUT_SEED_START + start
-    if split == "train" and first + n > HELDOUT_SEED_START:
-        raise ValueError(f"train seeds reach the held-out range (>= {HELDOUT_SEED_START})")
-    return list(range(first, first + n))
+    return synthetic_seeds(split, n, start, heldout_seed_start=HELDOUT_SEED_START)
 
 
 def _log(rng: random.Random, n_lines: int, decoy: int | None) -> str:

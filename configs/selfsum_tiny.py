@@ -1,7 +1,8 @@
 """Self-summarization experiment (SPEC §6): configs/rl_tiny.py with the key-recall family.
 
-experiments/selfsum.py SFTs one tiny policy on demonstration chains of all three context
-strategies (`exp.strategies`), then runs RL from it once per strategy with the same trigger,
+experiments/selfsum.py SFTs one tiny policy on demonstration chains (two stages: clean
+self-summary chains until the key copy forms — a phase transition near step 700 at lr 1e-2 —
+then all three context strategies with lossy summaries), then runs RL from it once per strategy with the same trigger,
 token budget, prompts and steps, and evaluates each on held-out seeds. Only `c.exp` changes;
 the agent / RL / model sections are overridden through `exp.agent`, `exp.rl`, `exp.model`.
 
@@ -25,22 +26,27 @@ def get_config() -> ml_collections.ConfigDict:
     e = c.exp
     e.env = "key_recall"
     e.task = ml_collections.ConfigDict(dict(
-        n_logs=3, log_lines=3, n_decoys=2,   # decoys: "old key NN revoked" lines in two of the logs
+        n_logs=3, log_lines=3, n_decoys=2,   # decoys: "old NN revoked" lines in two of the logs
         key_range=(10, 99),                  # a guess is right 1/90 of the time
     ))
     e.strategies = ("self_summary", "prompt_compaction", "sliding_window")
     e.out_dir = "runs/selfsum_tiny"
     e.steps = 12                      # RL steps per strategy
-    e.n_sft_tasks = 512               # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
+    e.n_sft_tasks = 1024              # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs)
     e.demo_sandboxes = 16
-    e.sft.clean_steps = 0             # one stage (the config-edit two-stage warm start is not used here)
-    e.sft.steps = 500
-    e.sft.optim.steps = 500
+    # --- two-stage warm start (horizon.rl.loop.two_stage_sft)
+    e.sft.clean_steps = 1000          # stage 1: correct chains of `clean_strategies` only, where the key copy forms
+    e.sft.clean_strategies = ("self_summary",)   # the shortest chains that carry the copy (observation -> summary -> answer)
+    e.sft.clean_seq_len = 512         # self-summary segments are <= ~505 tokens: half-length rows, half the
+    e.sft.clean_batch_size = 16       #   attention cost of 8 x 1024 (1.3 vs 3 s/step on 2 cores), same tokens/step
+    e.sft.steps = 200                 # stage 2: every strategy, `corrupt_prob` lossy summaries
+    e.sft.optim.steps = 200
     e.sft.batch_size = 8
     e.sft.seq_len = 1024              # demo segments (<= max_context_tokens + 1) packed into rows of this many tokens
-    e.sft.corrupt_prob = 0.3          # lossy demo summaries: a decoy (or random) key instead of the key
+    e.sft.corrupt_prob = 0.2          # lossy demo summaries: a decoy (or random) key instead of the key
     e.sft.log_every = 50
+    e.check_tasks = 24                # held-out chains for the teacher-forced key copy check after SFT
     e.eval.n_tasks = 48
     e.eval.passes = 2
     e.eval.every = 0                  # evaluate at step 0 (the SFT policy) and at the end only

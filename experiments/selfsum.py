@@ -8,9 +8,12 @@ the context passes the compaction trigger after the last log, so the key's obser
 gone by the time the answer is due: it survives only in a summary.
 
 1. Demonstrations: `DemoPolicy` chains for each strategy in `exp.strategies`, rolled out
-   through the real agent loop (so every segment is what the policy will see); a fraction
-   `exp.sft.corrupt_prob` of summaries is lossy (a decoy key), and the final answer copies
-   whatever key the context holds. One SFT on the mixture (assistant tokens only).
+   through the real agent loop (so every segment is what the policy will see); the final
+   answer copies whatever key the context holds. Two-stage SFT (`loop.two_stage_sft`,
+   assistant tokens only): clean chains of `exp.sft.clean_strategies` until the key copy
+   forms, then the mixture of all strategies with a fraction `exp.sft.corrupt_prob` of lossy
+   summaries (a decoy key). Then `key_copy_check`: teacher-forced accuracy of the key's
+   digits on clean held-out chains, per strategy, in summaries and answers (no sampling).
 2. RL per strategy from that checkpoint, same prompts, trigger, token budget and steps
    (`horizon.rl.loop.run_rl`; rollouts and verification in Docker sandboxes): the final
    reward applies to every model token of the chain, summaries included (SPEC §6).
@@ -29,9 +32,12 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from horizon.model import transformer
 from horizon.rl import loop
+from horizon.tasks import key_recall
 from horizon.tasks.families import key_recall_demos
 
 MIN_GAP_VS_WINDOW = 0.30     # the issue's must-show: trained self-summary beats sliding window by >= 30 points
@@ -51,26 +57,68 @@ def with_strategy(c, strategy: str):
     return cs
 
 
-def demo_rows(family, c, tok):
-    """Demo segments for every strategy (train seeds [0, n_sft_tasks), the same tasks each)."""
+def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None):
+    """Demo segments for each of `strategies` on `tasks` (default: train seeds [0, n_sft_tasks),
+    the same tasks for each strategy)."""
     from horizon.sandbox import open_sandbox
 
-    tasks = family.tasks("train", int(c.exp.n_sft_tasks))
+    tasks = family.tasks("train", int(c.exp.n_sft_tasks)) if tasks is None else tasks
     boxes = [open_sandbox(c.exp.demo_backend, "horizon-sandbox:base" if c.exp.demo_backend == "docker" else None)
              for _ in range(int(c.exp.demo_sandboxes))]
     try:
         rows = []
-        for s in c.exp.strategies:
+        for s in strategies:
             t0 = time.time()
-            got = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes,
-                                   corrupt_prob=float(c.exp.sft.corrupt_prob), seed=int(c.seed),
-                                   key_range=tuple(c.exp.task.key_range))
-            print(f"demos {s}: {len(tasks)} chains -> {len(got)} segments ({time.time() - t0:.0f}s)", flush=True)
+            got = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
+                                   seed=int(c.seed), key_range=tuple(c.exp.task.key_range))
+            print(f"demos {s} (lossy summaries {corrupt_prob:.2f}): {len(tasks)} chains -> {len(got)} segments "
+                  f"({time.time() - t0:.0f}s)", flush=True)
             rows += got
         return rows
     finally:
         for b in boxes:
             b.close()
+
+
+def warm_start_demos(family, c, tok):
+    """`loop.two_stage_sft`'s demos: stage 1 clean chains of `exp.sft.clean_strategies` (where the
+    key copy forms), stage 2 all of `exp.strategies` with `exp.sft.corrupt_prob` lossy summaries."""
+    def demos(clean: bool):
+        if clean:
+            return demo_rows(family, c, tok, tuple(c.exp.sft.clean_strategies), 0.0)
+        return demo_rows(family, c, tok, tuple(c.exp.strategies), float(c.exp.sft.corrupt_prob))
+    return demos
+
+
+def key_copy_check(params, family, c, tok) -> dict:
+    """The SFT gate, without sampling or sandboxes: on clean demo chains of `exp.check_tasks`
+    held-out tasks, the teacher-forced accuracy of the key's digits where the demonstrator writes
+    them — in a summary (copied from key.txt's observation) and in the final answer (copied from
+    the summary or the observation). Chance is ~0.1 per digit; a policy that carries the key
+    through a summary needs both near 1. Sliding-window finals are guesses and not scored."""
+    tasks = family.tasks("heldout", int(c.exp.check_tasks))
+    fwd = jax.jit(lambda p, t: transformer.forward(p, t, cfg=c.model)[0])
+    out = {}
+    for s in c.exp.strategies:
+        hits = {"summary": [], "final": []}
+        for tokens, mask in demo_rows(family, c, tok, (s,), 0.0, tasks=tasks):
+            text = tok.decode(tokens)
+            m = key_recall.KEY_RE.search(text)
+            if m is None:                                 # the window dropped the key: the answer is a guess
+                continue
+            pat = tok.encode(key_recall.KEY_MARK + m.group(1))
+            n = len(tokens)
+            padded = np.pad(np.asarray(tokens, np.int32), (0, -n % 128))[None]     # few shapes: few compiles
+            pred = np.asarray(jnp.argmax(fwd(params, jnp.asarray(padded)), -1))[0]
+            for i in range(n - len(pat) + 1):
+                if mask[i] and all(tokens[i + j] == pat[j] for j in range(len(pat))):
+                    before = tok.decode(tokens[:i])
+                    kind = "summary" if before.rfind("<summary>") > before.rfind("</summary>") else "final"
+                    hits[kind] += [bool(pred[i + j - 1] == tokens[i + j]) for j in range(1, len(pat))]
+        for kind, h in hits.items():
+            if h:
+                out[f"{s}_{kind}_key_digit_acc"] = float(np.mean(h))
+    return out
 
 
 def table(results: dict, passes: int) -> str:
@@ -123,8 +171,12 @@ def main(argv=None):
     c, out, tok, log, family = loop.start_run(a.config, a.set, a.out, env="key_recall")
     key = jax.random.key(int(c.seed))
     k_init, k_rl = jax.random.split(key)
-    rows = [] if (out / "sft").is_dir() else demo_rows(family, c, tok)
-    params = loop.run_sft(transformer.init(k_init, c.model), rows, c, out, log)
+    params = loop.two_stage_sft(transformer.init(k_init, c.model), warm_start_demos(family, c, tok), c, out, log)
+    t0 = time.time()
+    chk = key_copy_check(params, family, c, tok)
+    log(dict(chk, phase="key_copy_check", check_s=time.time() - t0))
+    print("key copy check (teacher-forced key digits, clean held-out chains): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in chk.items()), flush=True)
     heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
     pool = loop.SandboxPool.from_config(c)
     results = {}

@@ -46,6 +46,33 @@ def test_two_stage_warm_start_writes_both_checkpoints_and_reloads(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
+    """Demos can take minutes (selfsum: chains through the agent loop): a stage with a finished
+    checkpoint must not build its demos again; clean_steps=0 skips stage 1 entirely."""
+    from horizon.model import transformer
+    from horizon.tasks.families import config_edit_demos
+
+    c = _cfg(clean_steps=1, steps=1)
+    fam = family_from_config(c.exp)
+    tok = ByteTokenizer(c.model.vocab_size)
+    rows = config_edit_demos(fam.tasks("train", 16), tok, np.random.default_rng(0), corrupt_prob=0.0,
+                             value_range=(1, 9), corrupt="next")
+    calls = []
+
+    def demos(clean):
+        calls.append(clean)
+        return rows
+
+    p0 = transformer.init(loop.experiment_keys(c)["init"], c.model)
+    loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
+    assert calls == [True, False]
+    loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)          # both stages restored
+    assert calls == [True, False]
+    c.exp.sft.clean_steps = 0
+    loop.two_stage_sft(p0, demos, c, tmp_path / "one", lambda r: None)
+    assert calls == [True, False, False] and not (tmp_path / "one" / "sft_clean").exists()
+
+
 def test_load_sft_params_without_checkpoint_says_so(tmp_path):
     import pytest
 

@@ -74,11 +74,17 @@ def test_selfsum_driver_end_to_end(tmp_path):
     spec.loader.exec_module(mod)
     out = tmp_path / "ss"
     argv = [f"--config={ROOT / 'configs' / 'selfsum_tiny.py'}", f"--out={out}"]
-    for s in ("exp.steps=1", "exp.sft.steps=2", "exp.sft.log_every=1", "exp.n_sft_tasks=8", "exp.eval.n_tasks=4",
-              "exp.sft.batch_size=4", "exp.pool_size=32"):
+    for s in ("exp.steps=1", "exp.sft.steps=2", "exp.sft.clean_steps=2", "exp.sft.log_every=1", "exp.n_sft_tasks=8",
+              "exp.eval.n_tasks=4", "exp.check_tasks=2", "exp.sft.batch_size=4", "exp.pool_size=32"):
         argv += ["--set", s]
     res = mod.main(argv)
     assert set(res["results"]) == {"self_summary", "prompt_compaction", "sliding_window"}
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["phase"] for r in recs} >= {"sft_clean", "sft", "key_copy_check"}   # both SFT stages, then the gate
+    chk = next(r for r in recs if r["phase"] == "key_copy_check")
+    assert {"self_summary_summary_key_digit_acc", "self_summary_final_key_digit_acc",
+            "prompt_compaction_summary_key_digit_acc"} <= set(chk)
+    assert not any(k.startswith("sliding_window_summary") for k in chk)          # the window writes no summary
     assert "gap_at_least_30_points" in res["checks"] and "self_summary_fewer_summary_tokens" in res["checks"]
     md = (out / "selfsum.md").read_text()
     assert sum(x.startswith("| ") for x in md.splitlines()) == 4       # header + one row per strategy

@@ -42,10 +42,10 @@ def test_tasks_deterministic_split_and_decoys():
         t = kr.make_key_recall_task(s)
         md = t.metadata
         keys.add(md["key"])
-        assert t.files["key.txt"] == f"key: {md['key']}\n"
+        assert t.files["key.txt"] == f"key #{md['key']}\n" and t.final_answer == f"#{md['key']}"
         assert md["key"] not in md["decoys"] and len(md["decoys"]) == 2
         logs = "".join(t.files[f"{i}.log"] for i in range(1, 5))
-        assert all(f"old key {d} revoked" in logs for d in md["decoys"]) and f" {md['key']} " not in logs
+        assert all(f"old {d} revoked" in logs for d in md["decoys"]) and f" {md['key']} " not in logs
     assert len(keys) > 30                      # keys vary over 10..99
     assert not set(kr.key_recall_seeds("train", 50)) & set(kr.key_recall_seeds("heldout", 50))
     assert kr.make_key_recall_task(kr.HELDOUT_SEED_START).split == "heldout"
@@ -63,8 +63,9 @@ def test_read_tool_and_exact_answer(sandbox):
     assert reg.execute("read", {"path": "/workspace/2.log"}, ctx).output == t.files["2.log"]
     for bad in ("../etc/passwd", "nope.log", "a b"):
         assert reg.execute("read", {"path": bad}, ctx).error
-    key = str(t.metadata["key"])
+    key = t.final_answer                                                         # "#47"
     assert verify(t, sandbox, key, check_edits=False).reward == 1.0
+    assert verify(t, sandbox, str(t.metadata["key"]), check_edits=False).reward == 0.0  # the key is "#47"
     assert verify(t, sandbox, f"The key is {key}", check_edits=False).reward == 0.0   # exact: the key only
     assert verify(t, sandbox, f"{key} 12 13", check_edits=False).reward == 0.0         # listing candidates fails
 
@@ -93,7 +94,7 @@ def test_lossy_summaries_cost_the_reward(sandbox, cfg):
     fam.reset(sandbox, t)
     ep = make_episode(fam, t, sandbox, TOK, _agent(cfg, "self_summary"))
     tr = run_episodes(kr.DemoPolicy(TOK, corrupt_prob=1.0), [ep], max_steps=30)[0]
-    assert tr.end_reason == "final" and tr.final_answer != str(t.metadata["key"])
+    assert tr.end_reason == "final" and tr.final_answer != t.final_answer
     assert verify(t, sandbox, tr.final_answer, check_edits=False).reward == 0.0
 
 

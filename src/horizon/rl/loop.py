@@ -187,14 +187,18 @@ def evaluate(family: Family, params, tasks, pool: SandboxPool, c, tok, key, vers
 
 
 # ----------------------------------------------------------------------------- SFT
-def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", steps: int | None = None):
+def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", steps: int | None = None,
+            seq_len: int | None = None, batch_size: int | None = None):
     """Train `params` for `steps` (default `c.exp.sft.steps`) on demonstration `rows`
     [(tokens, loss_mask)] packed into rows of `c.exp.sft.seq_len` (optimizer `c.exp.sft.optim`,
-    schedule sized to `steps`); resumes from out/<name> if a finished checkpoint is there."""
+    schedule sized to `steps`); resumes from out/<name> if a finished checkpoint is there.
+    `rows` may be a zero-argument callable, called only when there is no checkpoint.
+    `steps`, `seq_len`, `batch_size` override `c.exp.sft`'s for this call only."""
     s = c.exp.sft
-    if steps is not None:
+    over = {k: int(v) for k, v in dict(steps=steps, seq_len=seq_len, batch_size=batch_size).items() if v is not None}
+    if over:
         c = ml_collections.ConfigDict(c.to_dict())
-        c.exp.sft.steps = int(steps)
+        c.exp.sft.update(over)
         s = c.exp.sft
     sc, state = _sft_state(params, c)
     ck = Checkpointer(out / name, every=max(1, int(s.steps)), keep=1)
@@ -203,6 +207,8 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
         ck.close()
         print(f"{name}: restored step {got[1]['step']} from {out / name}", flush=True)
         return got[0].params
+    if callable(rows):
+        rows = rows()
     packed = pack_sequences([r[0] for r in rows], int(s.seq_len), pad_id=tok_pad(c),
                             extras={"mask": [np.asarray(r[1], np.float32) for r in rows]})
     B = int(s.batch_size)
@@ -227,30 +233,44 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
     return state.params
 
 
-def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
-    """experiments/rl.py's SFT stage, from `transformer.init(key_init)` into out/<name>, in two
-    stages on the same `exp.n_sft_tasks` train tasks (`families.config_edit_demos`):
+def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, log: Log, *, name: str = "sft"):
+    """The SFT warm start in two stages from `params` (SPEC §4: a short SFT before RL):
 
-    1. `exp.sft.clean_steps` steps on correct demos (out/<name>_clean): the tiny model learns to
-       copy the prompt's value (a phase transition that, on demos where half the values are
-       wrong, came anywhere between ~600 and >800 steps depending on the seed);
-    2. `exp.sft.steps` steps on imperfect demos (`exp.sft.corrupt_prob`, `exp.sft.corrupt`):
-       the copy circuit stays, the policy now mixes the right value with the demonstrator's
-       systematic error — RL's headroom."""
+    1. `exp.sft.clean_steps` steps on correct demos, `demos(True)` (out/<name>_clean): the tiny
+       byte model first learns to *copy* (a value from the prompt, a key through a summary) —
+       a phase transition that imperfect demos delay or prevent;
+    2. `exp.sft.steps` steps on imperfect demos, `demos(False)` (out/<name>): the copy circuit
+       stays, the policy now mixes the right answer with the demonstrator's errors — RL's headroom.
+
+    Stage 1 may pack shorter rows (`exp.sft.clean_seq_len`, `clean_batch_size`: attention cost
+    grows with the row length). `demos` is called only for a stage that has no checkpoint yet;
+    a finished out/<name> skips both."""
+    s = c.exp.sft
+    n_clean = int(s.get("clean_steps", 0))
+    if n_clean > 0 and not (out / name).is_dir():
+        params = run_sft(params, lambda: demos(True), c, out, log, name=f"{name}_clean", steps=n_clean,
+                         seq_len=s.get("clean_seq_len"), batch_size=s.get("clean_batch_size"))
+    return run_sft(params, lambda: demos(False), c, out, log, name=name)
+
+
+def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
+    """experiments/rl.py's SFT stage, from `transformer.init(key_init)` into out/<name>:
+    `two_stage_sft` on the same `exp.n_sft_tasks` train tasks (`families.config_edit_demos`).
+    Stage 1 (correct demos) is where the tiny model learns to copy the prompt's value (a phase
+    transition that, on demos where half the values are wrong, came anywhere between ~600 and
+    >800 steps depending on the seed); stage 2 (`exp.sft.corrupt_prob`, `exp.sft.corrupt`) adds
+    the demonstrator's systematic error."""
     from horizon.model import transformer
     from horizon.tasks.families import config_edit_demos
 
     tasks = family.tasks("train", int(c.exp.n_sft_tasks))
 
-    def demos(p):
+    def demos(p: float):
         return config_edit_demos(tasks, tok, np.random.default_rng(int(c.seed)), corrupt_prob=p,
                                  value_range=tuple(c.exp.task.value_range), corrupt=str(c.exp.sft.corrupt))
 
-    params = transformer.init(key_init, c.model)
-    n_clean = int(c.exp.sft.get("clean_steps", 0))
-    if n_clean > 0 and not (out / name).is_dir():
-        params = run_sft(params, demos(0.0), c, out, log, name=f"{name}_clean", steps=n_clean)
-    return run_sft(params, demos(float(c.exp.sft.corrupt_prob)), c, out, log, name=name)
+    return two_stage_sft(transformer.init(key_init, c.model),
+                         lambda clean: demos(0.0 if clean else float(c.exp.sft.corrupt_prob)), c, out, log, name=name)
 
 
 def _sft_state(params, c):

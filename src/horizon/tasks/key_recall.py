@@ -6,9 +6,19 @@ size the tiny model trains on in minutes, so the self-summarization experiment
 (experiments/selfsum.py) compares the context strategies with a trained policy:
 
     prompt:  "Read key.txt, then 1.log to 4.log. Then reply with the key."
-    key.txt: "key: 47"                    (the fact, only ever seen in a tool output)
-    k.log:   filler lines; some hold decoys "old key 31 revoked"
-    answer:  "<final>47</final>"          (exact match: a list of numbers scores 0)
+    key.txt: "key #47"                    (the fact, only ever seen in a tool output)
+    k.log:   filler lines ("ok " + 4 letters); some hold decoys "old 31 revoked"
+    answer:  "<final>#47</final>"         (exact match: a list of candidates scores 0)
+
+The format is chosen so that carrying the key is a copy a 3-layer byte model can learn
+(an induction pattern): the key is the only text after the rare marker "#", summaries
+write it the same way ("key #47"), decoys carry no marker and the filler has no digits.
+An earlier format ("key: 47" in the file, "key 47" in summaries, decoys "old key 31
+revoked", hex filler) made the summary's "key " prefix an exact match for the decoys; on
+it the copy had not formed after 700 clean-SFT steps (held-out success 0.000), while on
+this one the teacher-forced key digits went from chance at step 600 to 0.60 (in the
+summary) / 0.71 (in the answer) at step 800 (16 x 512-token rows, lr 1e-2; one seed each,
+so the two formats are not a controlled comparison).
 
 Reading the logs pushes the context past the compaction trigger, so the key's
 observation is gone after a compaction: the answer survives only if the summary kept it
@@ -42,6 +52,7 @@ from horizon.tools.registry import Param, Tool, ToolArgError, ToolContext, ToolR
 HELDOUT_SEED_START = 1_000_000
 WORKSPACE = "/workspace"
 KEY_FILE = "key.txt"
+KEY_MARK = "#"        # the key is "#47": one rare byte before the digits (module docstring)
 SYSTEM_PROMPT = "Tool: read(path)."
 PROMPT_TEMPLATE = "Read key.txt, then 1.log to {n}.log. Then reply with the key."
 # Short strategy texts for this env (`agent.summary_query` etc.; the defaults in
@@ -54,11 +65,11 @@ COMPACTION_QUERY = "Summarize in 10 sections: " + ", ".join(f"{i} {s}" for i, s 
 SUMMARY_HEADER = "Summary: "
 STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
 _PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
-_KEY_RE = re.compile(r"(?<!old )key:? (\d+)")       # "key: 47" (file) or "key 47" (summary); not decoys
+KEY_RE = re.compile(r"key #(\d+)")                 # "key #47", in the file and in summaries; not decoys
 _LAST_RE = re.compile(r"(?:last|current:) (\d+)\.log")
 _READ_RE = re.compile(r"<parameter=path>(?:/workspace/)?(\d+)\.log</parameter>")
 _ID_RE = re.compile(r"keyrecall_(\d+)")
-_FILLER = "abcdef0123456789"
+_FILLER = "abcdefghijklmnop"
 
 
 def key_recall_seeds(split: str, n: int, start: int = 0) -> list[int]:
@@ -69,7 +80,7 @@ def key_recall_seeds(split: str, n: int, start: int = 0) -> list[int]:
 def _log(rng: random.Random, n_lines: int, decoy: int | None) -> str:
     lines = ["ok " + "".join(rng.choice(_FILLER) for _ in range(4)) for _ in range(n_lines)]
     if decoy is not None:
-        lines.insert(rng.randrange(n_lines + 1), f"old key {decoy} revoked")
+        lines.insert(rng.randrange(n_lines + 1), f"old {decoy} revoked")
     return "\n".join(lines) + "\n"
 
 
@@ -88,15 +99,15 @@ def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_de
     key = rng.randint(lo, hi)
     decoys = rng.sample([k for k in range(lo, hi + 1) if k != key], n_decoys)
     decoy_at = dict(zip(rng.sample(range(1, n_logs + 1), n_decoys), decoys))
-    files = {KEY_FILE: f"key: {key}\n"}
+    files = {KEY_FILE: f"key {KEY_MARK}{key}\n"}
     files.update({f"{i}.log": _log(rng, log_lines, decoy_at.get(i)) for i in range(1, n_logs + 1)})
     solution = tuple({"name": "read", "args": {"path": p}} for p in [KEY_FILE] + [f"{i}.log"
                                                                                   for i in range(1, n_logs + 1)])
     return Task(id=f"keyrecall_{seed}", prompt=PROMPT_TEMPLATE.format(n=n_logs), files=files, test_cmd="",
-                reward_mode="answer", solution=solution, final_answer=str(key), should_edit=False, kind="recall",
+                reward_mode="answer", solution=solution, final_answer=f"{KEY_MARK}{key}", should_edit=False, kind="recall",
                 split="heldout" if seed >= HELDOUT_SEED_START else "train",
                 metadata={"source": "key_recall", "seed": seed, "key": key, "decoys": decoys, "n_logs": n_logs,
-                          "expected": [[str(key)]], "answer_match": "exact"})
+                          "expected": [[f"{KEY_MARK}{key}"]], "answer_match": "exact"})
 
 
 def key_recall_task_from_id(task_id: str, **kw) -> Task:
@@ -158,7 +169,7 @@ class DemoPolicy:
         return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
 
     def _key(self, text: str, rng: random.Random) -> str:
-        keys = _KEY_RE.findall(text)
+        keys = KEY_RE.findall(text)
         return keys[-1] if keys else str(rng.randint(*self.key_range))   # not in context: a guess
 
     def _last_log(self, text: str) -> int:
@@ -169,16 +180,16 @@ class DemoPolicy:
         rng = self._rng(text)
         key = self._key(text, rng)
         if rng.random() < self.corrupt_prob:             # a lossy summary
-            decoys = [d for d in re.findall(r"old key (\d+)", text) if d != key]
+            decoys = [d for d in re.findall(r"old (\d+) revoked", text) if d != key]
             key = rng.choice(decoys) if decoys else str(rng.randint(*self.key_range))
         last, n = self._last_log(text), _n_logs(text)
         if not compaction:
-            return f"<summary>key {key}, last {last}.log</summary>"
+            return f"<summary>key {KEY_MARK}{key}, last {last}.log</summary>"
         pending = " ".join(f"{i}.log" for i in range(last + 1, n + 1)) or "none"
         done = " ".join([KEY_FILE] + [f"{i}.log" for i in range(1, last + 1)])
         nxt = f"read {last + 1}.log" if last < n else "reply key"
         body = {"request": f"read key.txt, {n} logs; reply key", "concepts": "logs, key", "files": done,
-                "errors": "none", "solving": "read logs in order", "facts": f"key {key}", "messages": "1 task",
+                "errors": "none", "solving": "read logs in order", "facts": f"key {KEY_MARK}{key}", "messages": "1 task",
                 "pending": pending, "current": f"{last}.log", "next": nxt}
         return "<summary>" + "\n".join(f"{i} {s}: {body[s]}" for i, s in
                                        enumerate(COMPACTION_SECTIONS, 1)) + "</summary>"
@@ -189,12 +200,12 @@ class DemoPolicy:
         text, last_msg = _text_of(context, self.tok)
         if last_msg in (SUMMARY_QUERY, COMPACTION_QUERY):
             return self.summary(text, compaction=last_msg == COMPACTION_QUERY)
-        if self._last_log(text) == 0 and not _KEY_RE.search(text):     # nothing read yet
+        if self._last_log(text) == 0 and not KEY_RE.search(text):     # nothing read yet
             return render_call("read", {"path": KEY_FILE})
         last, n = self._last_log(text), _n_logs(text)
         if last < n:
             return render_call("read", {"path": f"{last + 1}.log"})
-        return render_final(self._key(text, self._rng(text)))
+        return render_final(KEY_MARK + self._key(text, self._rng(text)))
 
     def __call__(self, contexts, max_new_tokens: int):
         from horizon.agent.rollout import Generation

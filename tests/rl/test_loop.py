@@ -6,6 +6,7 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.rl import loop
@@ -71,10 +72,11 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
     c.exp.sft.clean_steps = 0
     loop.two_stage_sft(p0, demos, c, tmp_path / "one", lambda r: None)
     assert calls == [True, False, False] and not (tmp_path / "one" / "sft_clean").exists()
+    c.exp.sft.steps = 3                                                # a changed stage size is not reused silently
+    with pytest.raises(ValueError, match="finished 1-step SFT"):
+        loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
 
 
 def test_load_sft_params_without_checkpoint_says_so(tmp_path):
-    import pytest
-
     with pytest.raises(FileNotFoundError, match="no SFT checkpoint"):
         loop.load_sft_params(_cfg(), tmp_path / "missing")

@@ -75,7 +75,8 @@ def test_selfsum_driver_end_to_end(tmp_path):
     out = tmp_path / "ss"
     argv = [f"--config={ROOT / 'configs' / 'selfsum_tiny.py'}", f"--out={out}"]
     for s in ("exp.steps=1", "exp.sft.steps=2", "exp.sft.clean_steps=2", "exp.sft.log_every=1", "exp.n_sft_tasks=8",
-              "exp.eval.n_tasks=4", "exp.check_tasks=2", "exp.sft.batch_size=4", "exp.pool_size=32"):
+              "exp.eval.n_tasks=4", "exp.check_tasks=2", "exp.sft.batch_size=4", "exp.sft.clean_batch_size=4",
+              "exp.pool_size=32"):
         argv += ["--set", s]
     res = mod.main(argv)
     assert set(res["results"]) == {"self_summary", "prompt_compaction", "sliding_window"}

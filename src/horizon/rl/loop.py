@@ -205,6 +205,9 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
     got = ck.restore_latest(state)
     if got is not None:
         ck.close()
+        if int(got[1]["step"]) != int(s.steps):     # checkpoints are written at the end only: a finished run
+            raise ValueError(f"{out / name} holds a finished {got[1]['step']}-step SFT but this config asks for "
+                             f"{s.steps} steps: remove that directory or pick another --out")
         print(f"{name}: restored step {got[1]['step']} from {out / name}", flush=True)
         return got[0].params
     if callable(rows):

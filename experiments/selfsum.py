@@ -38,7 +38,7 @@ import numpy as np
 from horizon.model import transformer
 from horizon.rl import loop
 from horizon.tasks import key_recall
-from horizon.tasks.families import key_recall_demos
+from horizon.tasks.families import family_from_config, key_recall_demos
 
 MIN_GAP_VS_WINDOW = 0.30     # the issue's must-show: trained self-summary beats sliding window by >= 30 points
 
@@ -80,12 +80,26 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None):
             b.close()
 
 
+def stage1_config(c):
+    """`c` with the stage-1 curriculum applied: `exp.sft.clean_task` over `exp.task` and
+    `exp.sft.clean_agent` over the agent section (e.g. one short log and an earlier trigger, so
+    the key sits ~70 tokens before the summary instead of ~400: docs/PERF.md)."""
+    cs = copy.deepcopy(c)
+    for k, v in c.exp.sft.get("clean_task", {}).items():
+        cs.exp.task[k] = v
+    for k, v in c.exp.sft.get("clean_agent", {}).items():
+        cs.agent[k] = v
+    return cs
+
+
 def warm_start_demos(family, c, tok):
-    """`loop.two_stage_sft`'s demos: stage 1 clean chains of `exp.sft.clean_strategies` (where the
-    key copy forms), stage 2 all of `exp.strategies` with `exp.sft.corrupt_prob` lossy summaries."""
+    """`loop.two_stage_sft`'s demos: stage 1 clean chains of `exp.sft.clean_strategies` on the
+    stage-1 tasks (`stage1_config`: where the key copy forms), stage 2 all of `exp.strategies` on
+    the experiment's tasks with `exp.sft.corrupt_prob` lossy summaries."""
     def demos(clean: bool):
         if clean:
-            return demo_rows(family, c, tok, tuple(c.exp.sft.clean_strategies), 0.0)
+            cs = stage1_config(c)
+            return demo_rows(family_from_config(cs.exp), cs, tok, tuple(c.exp.sft.clean_strategies), 0.0)
         return demo_rows(family, c, tok, tuple(c.exp.strategies), float(c.exp.sft.corrupt_prob))
     return demos
 

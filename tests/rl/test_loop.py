@@ -80,3 +80,28 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
 def test_load_sft_params_without_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no SFT checkpoint"):
         loop.load_sft_params(_cfg(), tmp_path / "missing")
+
+
+def test_selfsum_stage1_curriculum_uses_short_chains():
+    """experiments/selfsum.py's stage 1 demos come from `exp.sft.clean_task` / `clean_agent`
+    (one short log, earlier trigger) while stage 2 uses the experiment's own tasks."""
+    import copy
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("selfsum_driver", ROOT / "experiments" / "selfsum.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = loop.load_experiment(str(ROOT / "configs" / "selfsum_tiny.py"), [], env="key_recall")
+    c.exp.n_sft_tasks, c.exp.demo_sandboxes, c.exp.demo_backend = 2, 2, "local"
+    tok = ByteTokenizer(c.model.vocab_size)
+    s1 = mod.stage1_config(c)
+    assert s1.exp.task.n_logs == 1 and s1.agent.trigger_tokens == 200
+    assert c.exp.task.n_logs == 3 and c.agent.trigger_tokens == 400          # the experiment itself is untouched
+    c2 = copy.deepcopy(c)
+    c2.exp.strategies = ("self_summary",)
+    demos = mod.warm_start_demos(family_from_config(c2.exp), c2, tok)
+    short, full = demos(True), demos(False)
+    reads = [tok.decode(t).count("<function=read>") for t, _ in short]
+    assert max(reads) == 2 and all(tok.decode(t).count("<summary>") <= 1 for t, _ in short)   # key + 1 log
+    assert max(tok.decode(t).count("<function=read>") for t, _ in full) == 4                  # key + 3 logs
+    assert max(len(t) for t, _ in short) < 0.7 * max(len(t) for t, _ in full)

@@ -39,6 +39,7 @@ from horizon.model import transformer
 from horizon.rl import loop
 from horizon.tasks import key_recall
 from horizon.tasks.families import family_from_config, key_recall_demos
+from horizon.utils.config import deep_merge
 
 MIN_GAP_VS_WINDOW = 0.30     # the issue's must-show: trained self-summary beats sliding window by >= 30 points
 
@@ -85,10 +86,8 @@ def stage1_config(c):
     `exp.sft.clean_agent` over the agent section (e.g. one short log and an earlier trigger, so
     the key sits ~70 tokens before the summary instead of ~400: docs/PERF.md)."""
     cs = copy.deepcopy(c)
-    for k, v in c.exp.sft.get("clean_task", {}).items():
-        cs.exp.task[k] = v
-    for k, v in c.exp.sft.get("clean_agent", {}).items():
-        cs.agent[k] = v
+    deep_merge(cs.exp.task, c.exp.sft.get("clean_task", {}))
+    deep_merge(cs.agent, c.exp.sft.get("clean_agent", {}))
     return cs
 
 

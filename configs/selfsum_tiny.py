@@ -1,7 +1,7 @@
 """Self-summarization experiment (SPEC §6): configs/rl_tiny.py with the key-recall family.
 
 experiments/selfsum.py SFTs one tiny policy on demonstration chains (two stages: clean
-self-summary chains of short tasks until the key copy forms, then all three context strategies
+self-summary chains of several sizes until the key copy forms, then all three context strategies
 on the full tasks with lossy summaries), then runs RL from it once per strategy with the same trigger,
 token budget, prompts and steps, and evaluates each on held-out seeds. Only `c.exp` changes;
 the agent / RL / model sections are overridden through `exp.agent`, `exp.rl`, `exp.model`.
@@ -36,12 +36,19 @@ def get_config() -> ml_collections.ConfigDict:
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs)
     e.demo_sandboxes = 16
     # --- two-stage warm start (horizon.rl.loop.two_stage_sft)
-    e.sft.clean_steps = 1000          # stage 1: correct chains of `clean_strategies` only, where the key copy forms
+    e.sft.clean_steps = 1400          # stage 1: correct chains of `clean_strategies` only, where the key copy forms
     e.sft.clean_strategies = ("self_summary",)   # the shortest chains that carry the copy (observation -> summary -> answer)
-    e.sft.clean_task = ml_collections.ConfigDict(dict(n_logs=1, log_lines=1, n_decoys=1))  # stage-1 curriculum:
-    e.sft.clean_agent = ml_collections.ConfigDict(dict(trigger_tokens=200))  # the key ~70 tokens before the summary
-    #                                   (the ~400-token copy of the full chains had not formed by step 1700, the
-    #                                   ~70-token one reached 0.83 at step 600: docs/PERF.md; not yet run end to end)
+    # Stage-1 curriculum: clean chains of several sizes, key-to-summary distances 102, 87-141, 171-186,
+    # 218 and 303 tokens (the last is the experiment's own chains). On short chains only (102) the copy
+    # formed (0.83 at step 600) but did not carry over to the full ones (0.09); on full chains only it
+    # formed late or not at all depending on the seed (docs/PERF.md).
+    e.sft.clean_mix = (
+        dict(task=dict(n_logs=1, log_lines=1, n_decoys=1), agent=dict(trigger_tokens=200)),
+        dict(task=dict(n_logs=2, log_lines=1, n_decoys=1), agent=dict(trigger_tokens=200)),
+        dict(task=dict(n_logs=3, log_lines=1, n_decoys=2), agent=dict(trigger_tokens=300)),
+        dict(task=dict(n_logs=2, log_lines=3, n_decoys=2), agent=dict(trigger_tokens=300)),
+        dict(),
+    )
     e.sft.clean_seq_len = 512         # self-summary segments are <= ~505 tokens: half-length rows, half the
     e.sft.clean_batch_size = 16       #   attention cost of 8 x 1024 (1.3 vs 3 s/step on 2 cores), same tokens/step
     e.sft.steps = 200                 # stage 2: every strategy, `corrupt_prob` lossy summaries

@@ -81,24 +81,33 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None):
             b.close()
 
 
-def stage1_config(c):
-    """`c` with the stage-1 curriculum applied: `exp.sft.clean_task` over `exp.task` and
-    `exp.sft.clean_agent` over the agent section (e.g. one short log and an earlier trigger, so
-    the key sits ~70 tokens before the summary instead of ~400: docs/PERF.md)."""
-    cs = copy.deepcopy(c)
-    deep_merge(cs.exp.task, c.exp.sft.get("clean_task", {}))
-    deep_merge(cs.agent, c.exp.sft.get("clean_agent", {}))
-    return cs
+def stage1_configs(c) -> list:
+    """One config per element of `exp.sft.clean_mix`, the stage-1 curriculum: each element's
+    `task` overrides merged over `exp.task` and its `agent` overrides over the agent section
+    (an empty element is the experiment's own chains). The mix spreads the distance from
+    key.txt's observation to the summary (~90 to ~300 tokens), so that the copy has to find the
+    key by content rather than by offset: learned on short chains only, it did not carry over
+    to the full ones (docs/PERF.md)."""
+    out = []
+    for i, mix in enumerate(c.exp.sft.get("clean_mix", ({},))):
+        unknown = set(mix.keys()) - {"task", "agent"}
+        if unknown:
+            raise ValueError(f"exp.sft.clean_mix[{i}] has unknown keys {sorted(unknown)} (allowed: task, agent)")
+        cs = copy.deepcopy(c)
+        deep_merge(cs.exp.task, mix.get("task", {}))
+        deep_merge(cs.agent, mix.get("agent", {}))
+        out.append(cs)
+    return out
 
 
 def warm_start_demos(family, c, tok):
-    """`loop.two_stage_sft`'s demos: stage 1 clean chains of `exp.sft.clean_strategies` on the
-    stage-1 tasks (`stage1_config`: where the key copy forms), stage 2 all of `exp.strategies` on
-    the experiment's tasks with `exp.sft.corrupt_prob` lossy summaries."""
+    """`loop.two_stage_sft`'s demos: stage 1 clean chains of `exp.sft.clean_strategies` on each
+    of the stage-1 task sizes (`stage1_configs`), stage 2 all of `exp.strategies` on the
+    experiment's tasks with `exp.sft.corrupt_prob` lossy summaries."""
     def demos(clean: bool):
         if clean:
-            cs = stage1_config(c)
-            return demo_rows(family_from_config(cs.exp), cs, tok, tuple(c.exp.sft.clean_strategies), 0.0)
+            return [r for cs in stage1_configs(c) for r in
+                    demo_rows(family_from_config(cs.exp), cs, tok, tuple(c.exp.sft.clean_strategies), 0.0)]
         return demo_rows(family, c, tok, tuple(c.exp.strategies), float(c.exp.sft.corrupt_prob))
     return demos
 

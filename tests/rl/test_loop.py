@@ -82,9 +82,10 @@ def test_load_sft_params_without_checkpoint_says_so(tmp_path):
         loop.load_sft_params(_cfg(), tmp_path / "missing")
 
 
-def test_selfsum_stage1_curriculum_uses_short_chains():
-    """experiments/selfsum.py's stage 1 demos come from `exp.sft.clean_task` / `clean_agent`
-    (one short log, earlier trigger) while stage 2 uses the experiment's own tasks."""
+def test_selfsum_stage1_curriculum_mixes_chain_lengths():
+    """experiments/selfsum.py's stage 1 demos are the union of `exp.sft.clean_mix`'s task sizes
+    (short chains with an earlier trigger, ..., the experiment's own) while stage 2 uses the
+    experiment's tasks only; a malformed mix element is refused."""
     import copy
     import importlib.util
 
@@ -93,15 +94,19 @@ def test_selfsum_stage1_curriculum_uses_short_chains():
     spec.loader.exec_module(mod)
     c = loop.load_experiment(str(ROOT / "configs" / "selfsum_tiny.py"), [], env="key_recall")
     c.exp.n_sft_tasks, c.exp.demo_sandboxes, c.exp.demo_backend = 2, 2, "local"
+    c.exp.sft.clean_mix = (dict(task=dict(n_logs=1, log_lines=1, n_decoys=1), agent=dict(trigger_tokens=200)), {})
     tok = ByteTokenizer(c.model.vocab_size)
-    s1 = mod.stage1_config(c)
-    assert s1.exp.task.n_logs == 1 and s1.agent.trigger_tokens == 200
+    s1 = mod.stage1_configs(c)
+    assert [(s.exp.task.n_logs, s.agent.trigger_tokens) for s in s1] == [(1, 200), (3, 400)]
     assert c.exp.task.n_logs == 3 and c.agent.trigger_tokens == 400          # the experiment itself is untouched
     c2 = copy.deepcopy(c)
     c2.exp.strategies = ("self_summary",)
     demos = mod.warm_start_demos(family_from_config(c2.exp), c2, tok)
-    short, full = demos(True), demos(False)
-    reads = [tok.decode(t).count("<function=read>") for t, _ in short]
-    assert max(reads) == 2 and all(tok.decode(t).count("<summary>") <= 1 for t, _ in short)   # key + 1 log
-    assert max(tok.decode(t).count("<function=read>") for t, _ in full) == 4                  # key + 3 logs
-    assert max(len(t) for t, _ in short) < 0.7 * max(len(t) for t, _ in full)
+    mixed, full = demos(True), demos(False)
+    reads = [tok.decode(t).count("<function=read>") for t, _ in mixed]    # 2 segments per chain, mix order
+    assert max(reads[:4]) == 2 and max(reads[4:]) == 4                     # key + 1 log, then key + 3 logs
+    assert max(tok.decode(t).count("<function=read>") for t, _ in full) == 4
+    assert len(mixed) == 8 and len(full) == 4                         # stage 2: the full chains only
+    c.exp.sft.clean_mix = (dict(tasks=dict(n_logs=1)),)
+    with pytest.raises(ValueError, match="unknown keys"):
+        mod.stage1_configs(c)

@@ -6,13 +6,14 @@ on the full tasks with lossy summaries), then runs RL from it once per strategy 
 token budget, prompts and steps, and evaluates each on held-out seeds. Only `c.exp` changes;
 the agent / RL / model sections are overridden through `exp.agent`, `exp.rl`, `exp.model`.
 
-Sizes (byte tokens, `horizon.tasks.key_recall` with 3 logs of 3 lines, measured on rendered
-demos): base context ~80, key read ~75, each log read ~85. The trigger (400) fires after the
-last log, so the key's observation is gone when the answer is due unless a summary kept it:
-one summary per chain for both summarizing strategies — a self-summary of ~40 tokens vs a
-10-section compaction of ~250 (contexts up to ~845 tokens, hence max_context 960) — while the
-sliding window keeps the last calls only and drops the key's observation. Demo chains: 306
-(self-summary), 519 (compaction), 392 (window) model tokens, all under the 1536 budget.
+Sizes (byte tokens, `horizon.tasks.key_recall` with 3 logs of 3 lines and a one-letter key,
+measured on 32 rendered demos): the key's observation sits 272 tokens before the summary. The
+trigger (400) fires after the last log, so the key's observation is gone when the answer is
+due unless a summary kept it: one summary per chain for both summarizing strategies — a
+self-summary of 37 tokens vs a 10-section compaction of 250 (segments up to 806 tokens, hence
+max_context 960) — while the sliding window keeps the last calls only and drops the key's
+observation. Demo chains: 306 (self-summary), 519 (compaction), 392 (window) model tokens, all
+under the 1536 budget.
 """
 
 import ml_collections
@@ -26,8 +27,9 @@ def get_config() -> ml_collections.ConfigDict:
     e = c.exp
     e.env = "key_recall"
     e.task = ml_collections.ConfigDict(dict(
-        n_logs=3, log_lines=3, n_decoys=2,   # decoys: "old NN revoked" lines in two of the logs
-        key_range=(10, 99),                  # a guess is right 1/90 of the time
+        n_logs=3, log_lines=3,
+        n_decoys=0,                          # decoys ("old K revoked") would need the induction copy (key_recall docs)
+        key_alphabet=key_recall.KEY_ALPHABET,  # one capital: a guess is right 1/23 of the time
     ))
     e.strategies = ("self_summary", "prompt_compaction", "sliding_window")
     e.out_dir = "runs/selfsum_tiny"
@@ -36,23 +38,21 @@ def get_config() -> ml_collections.ConfigDict:
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs)
     e.demo_sandboxes = 16
     # --- two-stage warm start (horizon.rl.loop.two_stage_sft)
-    e.sft.clean_steps = 1400          # stage 1: correct chains of `clean_strategies` only, where the key copy forms
+    e.sft.clean_steps = 600           # stage 1: correct chains of `clean_strategies` only, where the key copy forms
     e.sft.clean_strategies = ("self_summary",)   # the shortest chains that carry the copy (observation -> summary -> answer)
-    # Stage-1 curriculum: clean chains of several sizes, key-to-summary distances 102, 87-141, 171-186,
-    # 218 and 303 tokens (the last is the experiment's own chains). On short chains only (102) the copy
-    # formed (0.83 at step 600) but did not carry over to the full ones (0.09); on full chains only it
-    # formed late or not at all depending on the seed (docs/PERF.md).
+    # Stage-1 curriculum: clean chains of two sizes, key.txt's observation 86 and 272 tokens before the
+    # summary (the second is the experiment's own chains), so the lookup cannot key on the distance.
     e.sft.clean_mix = (
-        dict(task=dict(n_logs=1, log_lines=1, n_decoys=1), agent=dict(trigger_tokens=200)),
-        dict(task=dict(n_logs=2, log_lines=1, n_decoys=1), agent=dict(trigger_tokens=200)),
-        dict(task=dict(n_logs=3, log_lines=1, n_decoys=2), agent=dict(trigger_tokens=300)),
-        dict(task=dict(n_logs=2, log_lines=3, n_decoys=2), agent=dict(trigger_tokens=300)),
+        dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=200)),
         dict(),
     )
     e.sft.clean_seq_len = 512         # self-summary segments are <= ~505 tokens: half-length rows, half the
     e.sft.clean_batch_size = 16       #   attention cost of 8 x 1024 (1.3 vs 3 s/step on 2 cores), same tokens/step
+    e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy forms at this lr
     e.sft.steps = 200                 # stage 2: every strategy, `corrupt_prob` lossy summaries
     e.sft.optim.steps = 200
+    e.sft.optim.lr = 2e-3             # stage 2 peak lr: at 1e-2 stage 2 undid the copy (summary 0.69 -> 0.08,
+    #                                   docs/PERF.md); lower, it learns the other strategies' formats on top of it
     e.sft.batch_size = 8
     e.sft.seq_len = 1024              # demo segments (<= max_context_tokens + 1) packed into rows of this many tokens
     e.sft.corrupt_prob = 0.2          # lossy demo summaries: a decoy (or random) key instead of the key

@@ -13,7 +13,7 @@ gone by the time the answer is due: it survives only in a summary.
    assistant tokens only): clean chains of `exp.sft.clean_strategies` until the key copy
    forms, then the mixture of all strategies with a fraction `exp.sft.corrupt_prob` of lossy
    summaries (a decoy key). Then `key_copy_check`: teacher-forced accuracy of the key's
-   digits on clean held-out chains, per strategy, in summaries and answers (no sampling).
+   letter on clean held-out chains, per strategy, in summaries and answers (no sampling).
 2. RL per strategy from that checkpoint, same prompts, trigger, token budget and steps
    (`horizon.rl.loop.run_rl`; rollouts and verification in Docker sandboxes): the final
    reward applies to every model token of the chain, summaries included (SPEC §6).
@@ -71,7 +71,7 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None):
         for s in strategies:
             t0 = time.time()
             got = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
-                                   seed=int(c.seed), key_range=tuple(c.exp.task.key_range))
+                                   seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet))
             print(f"demos {s} (lossy summaries {corrupt_prob:.2f}): {len(tasks)} chains -> {len(got)} segments "
                   f"({time.time() - t0:.0f}s)", flush=True)
             rows += got
@@ -114,9 +114,9 @@ def warm_start_demos(family, c, tok):
 
 def key_copy_check(params, family, c, tok) -> dict:
     """The SFT gate, without sampling or sandboxes: on clean demo chains of `exp.check_tasks`
-    held-out tasks, the teacher-forced accuracy of the key's digits where the demonstrator writes
+    held-out tasks, the teacher-forced accuracy of the key's letter where the demonstrator writes
     them — in a summary (copied from key.txt's observation) and in the final answer (copied from
-    the summary or the observation). Chance is ~0.1 per digit; a policy that carries the key
+    the summary or the observation). Chance is 1/23 (~0.04); a policy that carries the key
     through a summary needs both near 1. Sliding-window finals are guesses and not scored."""
     tasks = family.tasks("heldout", int(c.exp.check_tasks))
     fwd = jax.jit(lambda p, t: transformer.forward(p, t, cfg=c.model)[0])
@@ -139,7 +139,7 @@ def key_copy_check(params, family, c, tok) -> dict:
                     hits[kind] += [bool(pred[i + j - 1] == tokens[i + j]) for j in range(1, len(pat))]
         for kind, h in hits.items():
             if h:
-                out[f"{s}_{kind}_key_digit_acc"] = float(np.mean(h))
+                out[f"{s}_{kind}_key_acc"] = float(np.mean(h))
     return out
 
 
@@ -197,7 +197,7 @@ def main(argv=None):
     t0 = time.time()
     chk = key_copy_check(params, family, c, tok)
     log(dict(chk, phase="key_copy_check", check_s=time.time() - t0))
-    print("key copy check (teacher-forced key digits, clean held-out chains): "
+    print("key copy check (teacher-forced key letter, clean held-out chains): "
           + ", ".join(f"{k} {v:.2f}" for k, v in chk.items()), flush=True)
     heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
     pool = loop.SandboxPool.from_config(c)

@@ -77,6 +77,27 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
         loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
 
 
+def test_run_sft_lr_override_is_local(tmp_path):
+    """`lr` (two_stage_sft's `exp.sft.clean_lr`) sets this call's peak lr only. Adam's first step
+    moves every parameter with a gradient by exactly lr (m / sqrt(v) = sign(g); warmup is 0 for a
+    1-step run), so the largest change of the lm head is the lr used."""
+    from horizon.model import transformer
+    from horizon.tasks.families import config_edit_demos
+
+    c = _cfg(steps=1)
+    tok = ByteTokenizer(c.model.vocab_size)
+    rows = config_edit_demos(family_from_config(c.exp).tasks("train", 16), tok, np.random.default_rng(0),
+                             corrupt_prob=0.0, value_range=(1, 9), corrupt="next")
+    for name, lr in (("low", 3e-4), ("default", None)):
+        p0 = transformer.init(loop.experiment_keys(c)["init"], c.model)
+        head0 = np.asarray(p0["lm_head"]).copy()                       # (d_model, vocab)
+        p = loop.run_sft(p0, rows, c, tmp_path, lambda r: None, name=name, lr=lr)
+        head = np.asarray(p["lm_head"])
+        want = c.exp.sft.optim.lr if lr is None else lr
+        np.testing.assert_allclose(np.abs(head - head0).max(), want, rtol=1e-3)
+    assert c.exp.sft.optim.lr == 1e-2                                   # the config is not changed
+
+
 def test_load_sft_params_without_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no SFT checkpoint"):
         loop.load_sft_params(_cfg(), tmp_path / "missing")

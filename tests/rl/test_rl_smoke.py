@@ -83,8 +83,8 @@ def test_selfsum_driver_end_to_end(tmp_path):
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["phase"] for r in recs} >= {"sft_clean", "sft", "key_copy_check"}   # both SFT stages, then the gate
     chk = next(r for r in recs if r["phase"] == "key_copy_check")
-    assert {"self_summary_summary_key_digit_acc", "self_summary_final_key_digit_acc",
-            "prompt_compaction_summary_key_digit_acc"} <= set(chk)
+    assert {"self_summary_summary_key_acc", "self_summary_final_key_acc",
+            "prompt_compaction_summary_key_acc"} <= set(chk)
     assert not any(k.startswith("sliding_window_summary") for k in chk)          # the window writes no summary
     assert "gap_at_least_30_points" in res["checks"] and "self_summary_fewer_summary_tokens" in res["checks"]
     md = (out / "selfsum.md").read_text()

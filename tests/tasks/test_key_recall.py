@@ -43,14 +43,22 @@ def test_tasks_deterministic_split_and_decoys():
         md = t.metadata
         keys.add(md["key"])
         assert t.files["key.txt"] == f"key #{md['key']}\n" and t.final_answer == f"#{md['key']}"
-        assert md["key"] not in md["decoys"] and len(md["decoys"]) == 2
+        assert md["key"] in kr.KEY_ALPHABET and md["key"] not in md["decoys"] and len(md["decoys"]) == 2
         logs = "".join(t.files[f"{i}.log"] for i in range(1, 5))
         assert all(f"old {d} revoked" in logs for d in md["decoys"]) and f" {md['key']} " not in logs
-    assert len(keys) > 30                      # keys vary over 10..99
+        assert not {ch for ch in logs if ch.isupper()} - set(md["decoys"])    # no other capital in the logs
+    assert len(keys) > 15                      # keys vary over the 23 letters
+    assert not set(kr.KEY_ALPHABET) & set(kr.PROMPT_TEMPLATE + kr.SYSTEM_PROMPT + kr.SUMMARY_QUERY +
+                                          kr.COMPACTION_QUERY + kr.SUMMARY_HEADER + kr.STATE_TEMPLATE)
+    t0 = kr.make_key_recall_task(7, n_decoys=0)
+    assert t0.metadata["decoys"] == [] and "revoked" not in "".join(t0.files.values())
     assert not set(kr.key_recall_seeds("train", 50)) & set(kr.key_recall_seeds("heldout", 50))
     assert kr.make_key_recall_task(kr.HELDOUT_SEED_START).split == "heldout"
     with pytest.raises(ValueError):
         kr.make_key_recall_task(1, n_logs=0)
+    for bad in ("", "AAB", "Ab", "AB"):                 # empty, repeated, lowercase, no room for 2 decoys
+        with pytest.raises(ValueError, match="key_alphabet"):
+            kr.make_key_recall_task(1, key_alphabet=bad)
 
 
 def test_read_tool_and_exact_answer(sandbox):
@@ -63,11 +71,11 @@ def test_read_tool_and_exact_answer(sandbox):
     assert reg.execute("read", {"path": "/workspace/2.log"}, ctx).output == t.files["2.log"]
     for bad in ("../etc/passwd", "nope.log", "a b"):
         assert reg.execute("read", {"path": bad}, ctx).error
-    key = t.final_answer                                                         # "#47"
+    key = t.final_answer                                                         # "#Q"
     assert verify(t, sandbox, key, check_edits=False).reward == 1.0
-    assert verify(t, sandbox, str(t.metadata["key"]), check_edits=False).reward == 0.0  # the key is "#47"
+    assert verify(t, sandbox, str(t.metadata["key"]), check_edits=False).reward == 0.0  # the key is "#Q"
     assert verify(t, sandbox, f"The key is {key}", check_edits=False).reward == 0.0   # exact: the key only
-    assert verify(t, sandbox, f"{key} 12 13", check_edits=False).reward == 0.0         # listing candidates fails
+    assert verify(t, sandbox, f"{key} #A #B", check_edits=False).reward == 0.0         # listing candidates fails
 
 
 @pytest.mark.parametrize("strategy,solves", [("self_summary", True), ("prompt_compaction", True),
@@ -84,7 +92,7 @@ def test_demonstrator_needs_the_summary(sandbox, cfg, strategy, solves):
             assert tr.stats["summaries"] >= 1 and len(tr.segments) == tr.stats["summaries"] + 1
             assert tr.stats["summary_tokens"] > 0
         won.append(verify(t, sandbox, tr.final_answer, check_edits=False).reward)
-    # the window drops the key's observation: only a 1/90 guess can win, never all six
+    # the window drops the key's observation: only a 1/23 guess can win, never all six
     assert all(won) if solves else sum(won) <= 1
 
 
@@ -110,7 +118,7 @@ def test_demo_rows_and_summary_lengths(cfg):
         per = {}
         for s in ("self_summary", "prompt_compaction"):
             rows = key_recall_demos(fam, tasks, TOK, _agent(cfg, s), boxes, corrupt_prob=0.0, seed=0,
-                                    key_range=(10, 99))
+                                    key_alphabet=kr.KEY_ALPHABET)
             assert all(len(tk) == len(m) and m.any() and not m[0] for tk, m in rows)
             summ = [TOK.decode(tk[m]) for tk, m in rows]
             per[s] = np.mean([len(x[x.index("<summary>"):x.index("</summary>")]) for x in summ if "<summary>" in x])

@@ -188,17 +188,20 @@ def evaluate(family: Family, params, tasks, pool: SandboxPool, c, tok, key, vers
 
 # ----------------------------------------------------------------------------- SFT
 def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", steps: int | None = None,
-            seq_len: int | None = None, batch_size: int | None = None):
+            seq_len: int | None = None, batch_size: int | None = None, lr: float | None = None):
     """Train `params` for `steps` (default `c.exp.sft.steps`) on demonstration `rows`
     [(tokens, loss_mask)] packed into rows of `c.exp.sft.seq_len` (optimizer `c.exp.sft.optim`,
     schedule sized to `steps`); resumes from out/<name> if a finished checkpoint is there.
     `rows` may be a zero-argument callable, called only when there is no checkpoint.
-    `steps`, `seq_len`, `batch_size` override `c.exp.sft`'s for this call only."""
+    `steps`, `seq_len`, `batch_size` (and `lr`, the peak of `c.exp.sft.optim`) override
+    `c.exp.sft`'s for this call only."""
     s = c.exp.sft
     over = {k: int(v) for k, v in dict(steps=steps, seq_len=seq_len, batch_size=batch_size).items() if v is not None}
-    if over:
+    if over or lr is not None:
         c = ml_collections.ConfigDict(c.to_dict())
         c.exp.sft.update(over)
+        if lr is not None:
+            c.exp.sft.optim.lr = float(lr)
         s = c.exp.sft
     sc, state = _sft_state(params, c)
     ck = Checkpointer(out / name, every=max(1, int(s.steps)), keep=1)
@@ -246,13 +249,14 @@ def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, l
        stays, the policy now mixes the right answer with the demonstrator's errors — RL's headroom.
 
     Stage 1 may pack shorter rows (`exp.sft.clean_seq_len`, `clean_batch_size`: attention cost
-    grows with the row length). `demos` is called only for a stage that has no checkpoint yet;
+    grows with the row length) and use its own peak lr (`exp.sft.clean_lr`; e.g. a high one
+    where the copy forms, then a lower stage 2 that keeps it). `demos` is called only for a stage that has no checkpoint yet;
     a finished out/<name> skips both."""
     s = c.exp.sft
     n_clean = int(s.get("clean_steps", 0))
     if n_clean > 0 and not (out / name).is_dir():
         params = run_sft(params, lambda: demos(True), c, out, log, name=f"{name}_clean", steps=n_clean,
-                         seq_len=s.get("clean_seq_len"), batch_size=s.get("clean_batch_size"))
+                         seq_len=s.get("clean_seq_len"), batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"))
     return run_sft(params, lambda: demos(False), c, out, log, name=name)
 
 

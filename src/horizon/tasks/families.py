@@ -57,7 +57,7 @@ def family_from_config(e) -> Family:
     if e.env == "key_recall":
         def make(seed, _t=t):
             return key_recall.make_key_recall_task(seed, n_logs=int(_t.n_logs), log_lines=int(_t.log_lines),
-                                                   n_decoys=int(_t.n_decoys), key_range=tuple(_t.key_range))
+                                                   n_decoys=int(_t.n_decoys), key_alphabet=str(_t.key_alphabet))
         # the env's only tool reads: no edit is possible, so the eager-edit check is skipped
         return Family("key_recall", key_recall.SYSTEM_PROMPT, make, key_recall.key_recall_seeds,
                       key_recall.key_recall_registry, check_edits=False)
@@ -97,13 +97,13 @@ def config_edit_demos(tasks, tok, rng: np.random.Generator, *, corrupt_prob: flo
 
 
 def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrupt_prob: float, seed: int,
-                     key_range: tuple[int, int], map_fn=map) -> list[tuple[np.ndarray, np.ndarray]]:
+                     key_alphabet: str, map_fn=map) -> list[tuple[np.ndarray, np.ndarray]]:
     """Demonstration chains of `key_recall.DemoPolicy` through the real agent loop, one
     segment per row. `sandboxes` (any backend; commands are the env's own `cat`s) are reused
     in chunks; `map_fn` may run resets in threads."""
     from horizon.agent.rollout import run_episodes
 
-    policy = key_recall.DemoPolicy(tok, corrupt_prob, seed, key_range)
+    policy = key_recall.DemoPolicy(tok, corrupt_prob, seed, key_alphabet)
     rows = []
     n = len(sandboxes)
     for i in range(0, len(tasks), n):

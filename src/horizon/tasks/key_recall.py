@@ -6,19 +6,18 @@ size the tiny model trains on in minutes, so the self-summarization experiment
 (experiments/selfsum.py) compares the context strategies with a trained policy:
 
     prompt:  "Read key.txt, then 1.log to 4.log. Then reply with the key."
-    key.txt: "key #47"                    (the fact, only ever seen in a tool output)
-    k.log:   filler lines ("ok " + 4 letters); some hold decoys "old 31 revoked"
-    answer:  "<final>#47</final>"         (exact match: a list of candidates scores 0)
+    key.txt: "key #Q"                     (the fact, only ever seen in a tool output)
+    k.log:   filler lines ("ok " + 4 lowercase letters); optional decoys "old K revoked"
+    answer:  "<final>#Q</final>"          (exact match: a list of candidates scores 0)
 
-The format is chosen so that carrying the key is a copy a 3-layer byte model can learn
-(an induction pattern): the key is the only text after the rare marker "#", summaries
-write it the same way ("key #47"), decoys carry no marker and the filler has no digits.
-An earlier format ("key: 47" in the file, "key 47" in summaries, decoys "old key 31
-revoked", hex filler) made the summary's "key " prefix an exact match for the decoys; on
-it the copy had not formed after 700 clean-SFT steps (held-out success 0.000), while on
-this one the teacher-forced key digits went from chance at step 600 to 0.60 (in the
-summary) / 0.71 (in the answer) at step 800 (16 x 512-token rows, lr 1e-2; one seed each,
-so the two formats are not a controlled comparison).
+The key is one capital letter of `KEY_ALPHABET` (23 letters: R, S and T occur in the
+prompts), the only capital of that set in the context unless decoys are on. Carrying it is
+then a content lookup one attention head can do ("copy the key-alphabet letter"), wherever
+the key sits. A two-digit key ("key #47") needs an induction circuit (the digit *after* "#"):
+in the tiny 3-layer MLA byte model it formed after 600-800 clean-SFT steps in some seeds and
+not after 1400-1700 in others, and over ~300 tokens less reliably than over ~100
+(docs/PERF.md, "Self-summarization"). Decoys (`n_decoys` > 0) are capitals of the same set,
+which brings the induction problem back; the self-summarization config has none.
 
 Reading the logs pushes the context past the compaction trigger, so the key's
 observation is gone after a compaction: the answer survives only if the summary kept it
@@ -52,7 +51,8 @@ from horizon.tools.registry import Param, Tool, ToolArgError, ToolContext, ToolR
 HELDOUT_SEED_START = 1_000_000
 WORKSPACE = "/workspace"
 KEY_FILE = "key.txt"
-KEY_MARK = "#"        # the key is "#47": one rare byte before the digits (module docstring)
+KEY_MARK = "#"        # the key is written "#Q": the marker, then one letter of KEY_ALPHABET
+KEY_ALPHABET = "ABCDEFGHIJKLMNOPQUVWXYZ"   # capitals not in the prompts (R, S, T are): 1/23 for a guess
 SYSTEM_PROMPT = "Tool: read(path)."
 PROMPT_TEMPLATE = "Read key.txt, then 1.log to {n}.log. Then reply with the key."
 # Short strategy texts for this env (`agent.summary_query` etc.; the defaults in
@@ -65,11 +65,18 @@ COMPACTION_QUERY = "Summarize in 10 sections: " + ", ".join(f"{i} {s}" for i, s 
 SUMMARY_HEADER = "Summary: "
 STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
 _PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
-KEY_RE = re.compile(r"key #(\d+)")                 # "key #47", in the file and in summaries; not decoys
+KEY_RE = re.compile(r"key #([A-Z])")               # "key #Q", in the file and in summaries; not decoys
 _LAST_RE = re.compile(r"(?:last|current:) (\d+)\.log")
 _READ_RE = re.compile(r"<parameter=path>(?:/workspace/)?(\d+)\.log</parameter>")
 _ID_RE = re.compile(r"keyrecall_(\d+)")
 _FILLER = "abcdefghijklmnop"
+
+
+def _check_alphabet(alphabet: str, n_decoys: int = 0) -> None:
+    if (not alphabet or len(set(alphabet)) != len(alphabet) or not all("A" <= ch <= "Z" for ch in alphabet)
+            or len(alphabet) < n_decoys + 1):
+        raise ValueError(f"key_alphabet must be distinct capitals A-Z with room for {n_decoys} decoys, "
+                         f"got {alphabet!r}")
 
 
 def key_recall_seeds(split: str, n: int, start: int = 0) -> list[int]:
@@ -85,19 +92,17 @@ def _log(rng: random.Random, n_lines: int, decoy: int | None) -> str:
 
 
 def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_decoys: int = 2,
-                         key_range: tuple[int, int] = (10, 99)) -> Task:
+                         key_alphabet: str = KEY_ALPHABET) -> Task:
     """The deterministic key-recall task for `seed` (module docstring)."""
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if not 1 <= n_logs <= 9 or log_lines < 1 or not 0 <= n_decoys <= n_logs:
         raise ValueError(f"bad sizes: n_logs={n_logs} (1..9), log_lines={log_lines} (>=1), "
                          f"n_decoys={n_decoys} (0..n_logs)")
-    lo, hi = key_range
-    if not 0 <= lo < hi or hi - lo < n_decoys:
-        raise ValueError(f"key_range must be 0 <= lo < hi with room for {n_decoys} decoys, got {key_range}")
+    _check_alphabet(key_alphabet, n_decoys)
     rng = random.Random(f"key-recall-{seed}")
-    key = rng.randint(lo, hi)
-    decoys = rng.sample([k for k in range(lo, hi + 1) if k != key], n_decoys)
+    key = rng.choice(key_alphabet)
+    decoys = rng.sample([k for k in key_alphabet if k != key], n_decoys)
     decoy_at = dict(zip(rng.sample(range(1, n_logs + 1), n_decoys), decoys))
     files = {KEY_FILE: f"key {KEY_MARK}{key}\n"}
     files.update({f"{i}.log": _log(rng, log_lines, decoy_at.get(i)) for i in range(1, n_logs + 1)})
@@ -163,14 +168,14 @@ class DemoPolicy:
     tok: object
     corrupt_prob: float = 0.0
     seed: int = 0
-    key_range: tuple[int, int] = (10, 99)
+    key_alphabet: str = KEY_ALPHABET
 
     def _rng(self, text: str) -> random.Random:
         return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
 
     def _key(self, text: str, rng: random.Random) -> str:
         keys = KEY_RE.findall(text)
-        return keys[-1] if keys else str(rng.randint(*self.key_range))   # not in context: a guess
+        return keys[-1] if keys else rng.choice(self.key_alphabet)   # not in context: a guess
 
     def _last_log(self, text: str) -> int:
         reads = [int(x) for x in _READ_RE.findall(text)] + [int(x) for x in _LAST_RE.findall(text)]
@@ -180,8 +185,8 @@ class DemoPolicy:
         rng = self._rng(text)
         key = self._key(text, rng)
         if rng.random() < self.corrupt_prob:             # a lossy summary
-            decoys = [d for d in re.findall(r"old (\d+) revoked", text) if d != key]
-            key = rng.choice(decoys) if decoys else str(rng.randint(*self.key_range))
+            decoys = [d for d in re.findall(r"old ([A-Z]) revoked", text) if d != key]
+            key = rng.choice(decoys or [k for k in self.key_alphabet if k != key])
         last, n = self._last_log(text), _n_logs(text)
         if not compaction:
             return f"<summary>key {KEY_MARK}{key}, last {last}.log</summary>"

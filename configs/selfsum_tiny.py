@@ -42,10 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.sft.clean_strategies = ("self_summary",)   # the shortest chains that carry the copy (observation -> summary -> answer)
     # Stage-1 curriculum: clean chains of two sizes, key.txt's observation 86 and 272 tokens before the
     # summary (the second is the experiment's own chains), so the lookup cannot key on the distance.
-    e.sft.clean_mix = (
-        dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=200)),
-        dict(),
-    )
+    e.sft.clean_mix = ml_collections.ConfigDict(dict(   # name -> overrides, taken in name order
+        a_short=dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=200)),
+        b_full=dict(),
+    ))
     e.sft.clean_seq_len = 512         # self-summary segments are <= ~505 tokens: half-length rows, half the
     e.sft.clean_batch_size = 16       #   attention cost of 8 x 1024 (1.3 vs 3 s/step on 2 cores), same tokens/step
     e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy forms at this lr

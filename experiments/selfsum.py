@@ -33,6 +33,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from horizon.model import transformer
@@ -82,17 +83,20 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None):
 
 
 def stage1_configs(c) -> list:
-    """One config per element of `exp.sft.clean_mix`, the stage-1 curriculum: each element's
-    `task` overrides merged over `exp.task` and its `agent` overrides over the agent section
-    (an empty element is the experiment's own chains). The mix spreads the distance from
-    key.txt's observation to the summary (~90 to ~300 tokens), so that the copy has to find the
-    key by content rather than by offset: learned on short chains only, it did not carry over
-    to the full ones (docs/PERF.md)."""
+    """One config per entry of `exp.sft.clean_mix` (name -> overrides; ConfigDicts iterate in
+    name order, and a tuple of dicts would not survive the trainer's FrozenConfigDict), the stage-1 curriculum:
+    each entry's `task` overrides merged over `exp.task` and its `agent` overrides over the agent
+    section (an empty entry is the experiment's own chains). The mix spreads the distance from
+    key.txt's observation to the summary, so that the lookup cannot key on the offset: learned on
+    short chains only, the copy did not carry over to the full ones (docs/PERF.md)."""
+    mixes = c.exp.sft.get("clean_mix") or ml_collections.ConfigDict(dict(full={}))
+    if not isinstance(mixes, ml_collections.ConfigDict):
+        raise ValueError(f"exp.sft.clean_mix must map names to {{task, agent}} overrides, got {type(mixes).__name__}")
     out = []
-    for i, mix in enumerate(c.exp.sft.get("clean_mix", ({},))):
+    for name, mix in mixes.items():
         unknown = set(mix.keys()) - {"task", "agent"}
         if unknown:
-            raise ValueError(f"exp.sft.clean_mix[{i}] has unknown keys {sorted(unknown)} (allowed: task, agent)")
+            raise ValueError(f"exp.sft.clean_mix.{name} has unknown keys {sorted(unknown)} (allowed: task, agent)")
         cs = copy.deepcopy(c)
         deep_merge(cs.exp.task, mix.get("task", {}))
         deep_merge(cs.agent, mix.get("agent", {}))

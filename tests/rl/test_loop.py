@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -115,7 +116,9 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
     spec.loader.exec_module(mod)
     c = loop.load_experiment(str(ROOT / "configs" / "selfsum_tiny.py"), [], env="key_recall")
     c.exp.n_sft_tasks, c.exp.demo_sandboxes, c.exp.demo_backend = 2, 2, "local"
-    c.exp.sft.clean_mix = (dict(task=dict(n_logs=1, log_lines=1, n_decoys=1), agent=dict(trigger_tokens=200)), {})
+    c.exp.sft.clean_mix = ml_collections.ConfigDict(dict(
+        b_full={}, a_short=dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=200))))   # name order
+    ml_collections.FrozenConfigDict(c)                           # the trainer freezes the whole config
     tok = ByteTokenizer(c.model.vocab_size)
     s1 = mod.stage1_configs(c)
     assert [(s.exp.task.n_logs, s.agent.trigger_tokens) for s in s1] == [(1, 200), (3, 400)]
@@ -128,6 +131,10 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
     assert max(reads[:4]) == 2 and max(reads[4:]) == 4                     # key + 1 log, then key + 3 logs
     assert max(tok.decode(t).count("<function=read>") for t, _ in full) == 4
     assert len(mixed) == 8 and len(full) == 4                         # stage 2: the full chains only
-    c.exp.sft.clean_mix = (dict(tasks=dict(n_logs=1)),)
+    c.exp.sft.clean_mix = ml_collections.ConfigDict(dict(short=dict(tasks=dict(n_logs=1))))
     with pytest.raises(ValueError, match="unknown keys"):
+        mod.stage1_configs(c)
+    with c.exp.sft.ignore_type():
+        c.exp.sft.clean_mix = (dict(task=dict(n_logs=1)),)               # the tuple-of-dicts form is refused
+    with pytest.raises(ValueError, match="must map names"):
         mod.stage1_configs(c)

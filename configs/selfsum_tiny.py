@@ -62,6 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
     e.eval.passes = 2
     e.eval.every = 0                  # evaluate at step 0 (the SFT policy) and at the end only
     e.model.max_seq_len = 1024
+    e.model.remat = True              # RL chain batches reach 128 rows x 1024 tokens: without remat the trainer
+    #                                   step needed a 27 GB buffer on CPU (docs/PERF.md)
     e.agent = ml_collections.ConfigDict(dict(
         max_turns=12, max_new_tokens=64,  # summary turns count: compaction summarizes after every late log   # a read call is ~60 tokens, the final answer ~18
         max_total_tokens=1536,            # the same generated-token budget for every strategy

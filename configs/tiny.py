@@ -39,6 +39,7 @@ def model_config() -> ml_collections.ConfigDict:
     m.mtp_depth = 0               # number of MTP modules (0 = none)
     m.tie_embeddings = False
     m.init_std = 0.02
+    m.remat = False               # recompute each layer's activations in the backward pass (memory for compute)
     m.dtype = "float32"           # compute dtype
     m.param_dtype = "float32"
     m.moe_precision = "bf16"      # "bf16" | "mxfp8" | "nvfp4" | "nvfp4_per_token_fwd_mxfp8_bwd" (SPEC §3)

@@ -234,6 +234,13 @@ def _check_replay(replay_indices, n_moe: int, T: int, c) -> None:
         raise ValueError(f"replay_indices shape {tuple(replay_indices.shape)} != [L_moe, b*s, k] = {want}")
 
 
+def _maybe_remat(step, c):
+    """`step` (one scanned layer) under `jax.checkpoint` when `model.remat` is on: the backward
+    pass recomputes the layer's activations from its input instead of keeping them (attention
+    scores are [rows, heads, seq, seq]), ~one extra forward for a per-layer activation footprint."""
+    return jax.checkpoint(step) if bool(c.get("remat", False)) else step
+
+
 def forward(
     params: dict,
     tokens: Int[Array, "batch seq"],
@@ -265,13 +272,13 @@ def forward(
         def dense_step(x, p):
             return block(p, x, positions, segment_ids, cfg=c, kind="dense")[0], None
 
-        x, _ = jax.lax.scan(dense_step, x, params["dense"])
+        x, _ = jax.lax.scan(_maybe_remat(dense_step, c), x, params["dense"])
     if n_moe:
         def moe_step(x, inp):
             p, rep = inp
             return block(p, x, positions, segment_ids, cfg=c, kind="moe", replay_indices=rep)
 
-        x, stats = jax.lax.scan(moe_step, x, (params["moe"], replay_indices))
+        x, stats = jax.lax.scan(_maybe_remat(moe_step, c), x, (params["moe"], replay_indices))
     else:
         stats = _empty_stats(c, b * s)
     logits = lm_logits(params, x, cfg=c)

@@ -1,0 +1,77 @@
+"""Memory of the jitted RL trainer step for a chain batch of `--rows` x `--seq` tokens (SPEC §4).
+
+XLA's own accounting of the compiled step (`Compiled.memory_analysis()`: temporaries, arguments,
+outputs), with `model.remat` off and on, for an experiment config; nothing is allocated unless
+`--run` also times one step per setting. Why: experiments/selfsum.py's RL died at a 27 GB
+allocation on a 23 GB machine once its chain batch passed 64 rows (bucket 128 x 1024).
+
+    .venv/bin/python benchmarks/rl_step_memory.py --config=configs/selfsum_tiny.py --rows 128 --seq 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from horizon.agent import Segment, Trajectory
+from horizon.model import transformer
+from horizon.rl import batch as rlbatch
+from horizon.rl import loop, trainer
+
+
+def synthetic_groups(c, rows: int, seq: int, group_size: int, seed: int = 0):
+    """`rows` one-segment chains of `seq` tokens, half of them model tokens, in groups of `group_size`."""
+    rng = np.random.default_rng(seed)
+    L = transformer.layer_counts(c.model)[1]
+    k = int(c.model.num_experts_per_tok)
+    trajs = []
+    for _ in range(rows):
+        toks = rng.integers(0, 256, seq).astype(np.int32)
+        mask = np.zeros(seq, bool)
+        mask[seq // 2:] = True
+        ri = np.full((L, seq, k), -1, np.int32)
+        ri[:, mask] = np.argsort(rng.random((L, int(mask.sum()), c.model.num_experts)), -1)[..., :k]
+        seg = Segment(toks, mask, np.where(mask, -1.0, 0.0).astype(np.float32), np.where(mask, 0, -1).astype(np.int32), ri)
+        trajs.append(Trajectory("t", [seg], "", {}, "final"))
+    groups = [trajs[i:i + group_size] for i in range(0, rows, group_size)]
+    rewards = rng.integers(0, 2, (len(groups), group_size)).astype(np.float32)
+    return groups, rewards
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/selfsum_tiny.py")
+    ap.add_argument("--env", default="key_recall")
+    ap.add_argument("--rows", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--run", action="store_true", help="also run and time one step per setting")
+    a = ap.parse_args(argv)
+    c = loop.load_experiment(a.config, [], env=a.env)
+    G = int(c.rl.group_size)
+    groups, rewards = synthetic_groups(c, a.rows, a.seq, G)
+    for remat in (False, True):
+        cs = ml_collections.ConfigDict(c.to_dict())
+        cs.model.remat = remat
+        frozen = ml_collections.FrozenConfigDict(cs)
+        b = {k: jax.numpy.asarray(v) for k, v in rlbatch.build_batch_from_config(groups, rewards, cs).items()}
+        state = trainer.init_state(transformer.init(jax.random.key(0), cs.model), cs)
+        t0 = time.time()
+        compiled = trainer._train_step_jit.lower(state, b, cfg=frozen).compile()
+        mem = compiled.memory_analysis()
+        line = (f"remat={remat!s:5} rows={b['tokens'].shape[0]} seq={b['tokens'].shape[1]}: "
+                f"temp {mem.temp_size_in_bytes / 2**30:.2f} GiB, args {mem.argument_size_in_bytes / 2**30:.2f} GiB, "
+                f"out {mem.output_size_in_bytes / 2**30:.2f} GiB (compile {time.time() - t0:.0f}s)")
+        if a.run:
+            t0 = time.time()
+            state, m = compiled(state, b)
+            jax.block_until_ready(m)
+            line += f", one step {time.time() - t0:.1f}s"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     #                                   docs/PERF.md); lower, it learns the other strategies' formats on top of it
     e.sft.batch_size = 8
     e.sft.seq_len = 1024              # demo segments (<= max_context_tokens + 1) packed into rows of this many tokens
-    e.sft.corrupt_prob = 0.2          # lossy demo summaries: a decoy (or random) key instead of the key
+    e.sft.corrupt_prob = 0.2          # lossy demo summaries: a decoy (none here: another letter) instead of the key
     e.sft.log_every = 50
     e.check_tasks = 24                # held-out chains for the teacher-forced key copy check after SFT
     e.eval.n_tasks = 48

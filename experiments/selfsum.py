@@ -12,7 +12,7 @@ gone by the time the answer is due: it survives only in a summary.
    answer copies whatever key the context holds. Two-stage SFT (`loop.two_stage_sft`,
    assistant tokens only): clean chains of `exp.sft.clean_strategies` until the key copy
    forms, then the mixture of all strategies with a fraction `exp.sft.corrupt_prob` of lossy
-   summaries (a decoy key). Then `key_copy_check`: teacher-forced accuracy of the key's
+   summaries (a wrong key: a decoy if the task has any, else another letter). Then `key_copy_check`: teacher-forced accuracy of the key's
    letter on clean held-out chains, per strategy, in summaries and answers (no sampling).
 2. RL per strategy from that checkpoint, same prompts, trigger, token budget and steps
    (`horizon.rl.loop.run_rl`; rollouts and verification in Docker sandboxes): the final
@@ -83,12 +83,13 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None):
 
 
 def stage1_configs(c) -> list:
-    """One config per entry of `exp.sft.clean_mix` (name -> overrides; ConfigDicts iterate in
-    name order, and a tuple of dicts would not survive the trainer's FrozenConfigDict), the stage-1 curriculum:
-    each entry's `task` overrides merged over `exp.task` and its `agent` overrides over the agent
-    section (an empty entry is the experiment's own chains). The mix spreads the distance from
-    key.txt's observation to the summary, so that the lookup cannot key on the offset: learned on
-    short chains only, the copy did not carry over to the full ones (docs/PERF.md)."""
+    """One config per entry of `exp.sft.clean_mix`, the stage-1 curriculum (name -> overrides:
+    ConfigDicts iterate in name order, and a tuple of dicts would not survive the trainer's
+    FrozenConfigDict): each entry's `task` overrides merged over `exp.task` and its `agent`
+    overrides over the agent section (an empty entry is the experiment's own chains). The mix
+    spreads the distance from key.txt's observation to the summary, so that the lookup cannot
+    key on the offset: learned on short chains only, the copy did not carry over to the full
+    ones (docs/PERF.md)."""
     mixes = c.exp.sft.get("clean_mix") or ml_collections.ConfigDict(dict(full={}))
     if not isinstance(mixes, ml_collections.ConfigDict):
         raise ValueError(f"exp.sft.clean_mix must map names to {{task, agent}} overrides, got {type(mixes).__name__}")

@@ -249,9 +249,9 @@ def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, l
        stays, the policy now mixes the right answer with the demonstrator's errors — RL's headroom.
 
     Stage 1 may pack shorter rows (`exp.sft.clean_seq_len`, `clean_batch_size`: attention cost
-    grows with the row length) and use its own peak lr (`exp.sft.clean_lr`; e.g. a high one
-    where the copy forms, then a lower stage 2 that keeps it). `demos` is called only for a stage that has no checkpoint yet;
-    a finished out/<name> skips both."""
+    grows with the row length) and use its own peak lr (`exp.sft.clean_lr`: e.g. a high one
+    where the copy forms, then a lower stage 2 that keeps it). `demos` is called only for a
+    stage that has no checkpoint yet; a finished out/<name> skips both."""
     s = c.exp.sft
     n_clean = int(s.get("clean_steps", 0))
     if n_clean > 0 and not (out / name).is_dir():

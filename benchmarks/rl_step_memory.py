@@ -35,7 +35,8 @@ def synthetic_groups(c, rows: int, seq: int, group_size: int, seed: int = 0):
         mask[seq // 2:] = True
         ri = np.full((L, seq, k), -1, np.int32)
         ri[:, mask] = np.argsort(rng.random((L, int(mask.sum()), c.model.num_experts)), -1)[..., :k]
-        seg = Segment(toks, mask, np.where(mask, -1.0, 0.0).astype(np.float32), np.where(mask, 0, -1).astype(np.int32), ri)
+        logprobs = np.where(mask, -1.0, 0.0).astype(np.float32)
+        seg = Segment(toks, mask, logprobs, np.where(mask, 0, -1).astype(np.int32), ri)
         trajs.append(Trajectory("t", [seg], "", {}, "final"))
     groups = [trajs[i:i + group_size] for i in range(0, rows, group_size)]
     rewards = rng.integers(0, 2, (len(groups), group_size)).astype(np.float32)

@@ -12,8 +12,9 @@ gone by the time the answer is due: it survives only in a summary.
    answer copies whatever key the context holds. Two-stage SFT (`loop.two_stage_sft`,
    assistant tokens only): clean chains of `exp.sft.clean_strategies` until the key copy
    forms, then the mixture of all strategies with a fraction `exp.sft.corrupt_prob` of lossy
-   summaries (a wrong key: a decoy if the task has any, else another letter). Then `key_copy_check`: teacher-forced accuracy of the key's
-   letter on clean held-out chains, per strategy, in summaries and answers (no sampling).
+   summaries (a wrong key: a decoy if the task has any, else another letter). Then
+   `key_copy_check`: teacher-forced accuracy of the key's letter on clean held-out chains, per
+   strategy, in summaries and answers (no sampling).
 2. RL per strategy from that checkpoint, same prompts, trigger, token budget and steps
    (`horizon.rl.loop.run_rl`; rollouts and verification in Docker sandboxes): the final
    reward applies to every model token of the chain, summaries included (SPEC §6).

@@ -1,11 +1,14 @@
 """Memory of the jitted RL trainer step for a chain batch of `--rows` x `--seq` tokens (SPEC §4).
 
 XLA's own accounting of the compiled step (`Compiled.memory_analysis()`: temporaries, arguments,
-outputs), with `model.remat` off and on, for an experiment config; nothing is allocated unless
-`--run` also times one step per setting. Why: experiments/selfsum.py's RL died at a 27 GB
-allocation on a 23 GB machine once its chain batch passed 64 rows (bucket 128 x 1024).
+outputs) for an experiment config, with `model.remat` off and on, on the whole batch and with
+gradient accumulation over micro-batches of each `--micro-rows` rows (`rl.batch.micro_rows`);
+nothing is allocated unless `--run` also times one step per setting. Why: experiments/selfsum.py's
+RL died at a 27 GB allocation on a 23 GB machine once its chain batch passed 64 rows (bucket
+128 x 1024).
 
-    .venv/bin/python benchmarks/rl_step_memory.py --config=configs/selfsum_tiny.py --rows 128 --seq 1024
+    .venv/bin/python benchmarks/rl_step_memory.py --config=configs/selfsum_tiny.py --rows 128 --seq 1024 \
+        --micro-rows 32
 """
 
 from __future__ import annotations
@@ -49,21 +52,24 @@ def main(argv=None):
     ap.add_argument("--env", default="key_recall")
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--micro-rows", type=int, nargs="*", default=[],
+                    help="also measure micro-batches of these many rows (remat off and on)")
     ap.add_argument("--run", action="store_true", help="also run and time one step per setting")
     a = ap.parse_args(argv)
     c = loop.load_experiment(a.config, [], env=a.env)
     G = int(c.rl.group_size)
     groups, rewards = synthetic_groups(c, a.rows, a.seq, G)
-    for remat in (False, True):
+    for remat, micro in [(r, n) for n in [0, *a.micro_rows] for r in (False, True)]:
         cs = ml_collections.ConfigDict(c.to_dict())
         cs.model.remat = remat
-        frozen = ml_collections.FrozenConfigDict(cs)
+        cs.rl.batch.micro_rows = micro
         b = {k: jax.numpy.asarray(v) for k, v in rlbatch.build_batch_from_config(groups, rewards, cs).items()}
         state = trainer.init_state(transformer.init(jax.random.key(0), cs.model), cs)
         t0 = time.time()
-        compiled = trainer._train_step_jit.lower(state, b, cfg=frozen).compile()
+        compiled = trainer.compile_train_step(state, b, cfg=cs)
         mem = compiled.memory_analysis()
-        line = (f"remat={remat!s:5} rows={b['tokens'].shape[0]} seq={b['tokens'].shape[1]}: "
+        shape = "x".join(str(d) for d in b["tokens"].shape)
+        line = (f"remat={remat!s:5} micro_rows={micro:<3d} batch {shape}: "
                 f"temp {mem.temp_size_in_bytes / 2**30:.2f} GiB, args {mem.argument_size_in_bytes / 2**30:.2f} GiB, "
                 f"out {mem.output_size_in_bytes / 2**30:.2f} GiB (compile {time.time() - t0:.0f}s)")
         if a.run:

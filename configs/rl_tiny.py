@@ -74,6 +74,8 @@ def _add_trainer_fields(c: ml_collections.ConfigDict) -> None:
         min_rows=8,               # row bucket minimum (rows = segments of all chains)
         min_seq=64,               # sequence bucket minimum
         min_groups=1,
+        micro_rows=0,             # > 0: gradient accumulation over micro-batches of this many rows (whole
+        #                           chains each; activation memory scales with it, not with the batch)
         truncated_reasons=("token_budget", "context_full", "max_steps"),  # agent end reasons = truncated
     ))
     # --- train step (horizon.rl.trainer.train_step)

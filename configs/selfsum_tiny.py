@@ -38,7 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs)
     e.demo_sandboxes = 16
     # --- two-stage warm start (horizon.rl.loop.two_stage_sft)
-    e.sft.clean_steps = 600           # stage 1: correct chains of `clean_strategies` only, where the key copy forms
+    e.sft.clean_steps = 1200          # stage 1: correct chains of `clean_strategies` only, where the key copy forms
+    #                                   (loss flat at ~2 letters at chance until step ~700, then the copy: 1.00 / 0.92
+    #                                   key accuracy in summary / answer at 1200; at 600 it was 0.69, docs/PERF.md)
     e.sft.clean_strategies = ("self_summary",)   # the shortest chains that carry the copy (observation -> summary -> answer)
     # Stage-1 curriculum: clean chains of two sizes, key.txt's observation 86 and 272 tokens before the
     # summary (the second is the experiment's own chains), so the lookup cannot key on the distance.
@@ -48,15 +50,18 @@ def get_config() -> ml_collections.ConfigDict:
     ))
     e.sft.clean_seq_len = 512         # self-summary segments are <= ~505 tokens: half-length rows, half the
     e.sft.clean_batch_size = 16       #   attention cost of 8 x 1024 (1.3 vs 3 s/step on 2 cores), same tokens/step
-    e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy forms at this lr
-    e.sft.steps = 200                 # stage 2: every strategy, `corrupt_prob` lossy summaries
-    e.sft.optim.steps = 200
+    e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy formed as it decayed, not at constant 1e-2
+    e.sft.steps = 300                 # stage 2: every strategy, `corrupt_prob` lossy summaries
+    e.sft.optim.steps = 300
     e.sft.optim.lr = 2e-3             # stage 2 peak lr: at 1e-2 stage 2 undid the copy (summary 0.69 -> 0.08,
     #                                   docs/PERF.md); lower, it learns the other strategies' formats on top of it
     e.sft.batch_size = 8
     e.sft.seq_len = 1024              # demo segments (<= max_context_tokens + 1) packed into rows of this many tokens
-    e.sft.corrupt_prob = 0.2          # lossy demo summaries: a decoy (none here: another letter) instead of the key
+    e.sft.corrupt_prob = 0.1          # lossy demo summaries: a decoy (none here: another letter) instead of the key
+    #                                   (an SFT policy that imitates them loses the key in that share of summaries)
     e.sft.log_every = 50
+    e.sft.probe_every = 200           # key-copy check (experiments/selfsum.py copy_probe) during both SFT stages
+    e.sft.probe_tasks = 8             #   on this many held-out chains (~10 s per probe on 2 cores)
     e.check_tasks = 24                # held-out chains for the teacher-forced key copy check after SFT
     e.eval.n_tasks = 48
     e.eval.passes = 2

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import sys
 import time
@@ -118,6 +119,11 @@ def warm_start_demos(family, c, tok):
     return demos
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _logits(params, tokens, *, cfg):
+    return transformer.forward(params, tokens, cfg=cfg)[0]
+
+
 def key_copy_check(params, family, c, tok) -> dict:
     """The SFT gate, without sampling or sandboxes: on clean demo chains of `exp.check_tasks`
     held-out tasks, the teacher-forced accuracy of the key's letter where the demonstrator writes
@@ -125,7 +131,7 @@ def key_copy_check(params, family, c, tok) -> dict:
     the summary or the observation). Chance is 1/23 (~0.04); a policy that carries the key
     through a summary needs both near 1. Sliding-window finals are guesses and not scored."""
     tasks = family.tasks("heldout", int(c.exp.check_tasks))
-    fwd = jax.jit(lambda p, t: transformer.forward(p, t, cfg=c.model)[0])
+    model_cfg = ml_collections.FrozenConfigDict(c.model)             # hashable: one compile per shape per run
     out = {}
     for s in c.exp.strategies:
         hits = {"summary": [], "final": []}
@@ -137,7 +143,7 @@ def key_copy_check(params, family, c, tok) -> dict:
             pat = tok.encode(key_recall.KEY_MARK + m.group(1))
             n = len(tokens)
             padded = np.pad(np.asarray(tokens, np.int32), (0, -n % 128))[None]     # few shapes: few compiles
-            pred = np.asarray(jnp.argmax(fwd(params, jnp.asarray(padded)), -1))[0]
+            pred = np.asarray(jnp.argmax(_logits(params, jnp.asarray(padded), cfg=model_cfg), -1))[0]
             for i in range(n - len(pat) + 1):
                 if mask[i] and all(tokens[i + j] == pat[j] for j in range(len(pat))):
                     before = tok.decode(tokens[:i])
@@ -147,6 +153,16 @@ def key_copy_check(params, family, c, tok) -> dict:
             if h:
                 out[f"{s}_{kind}_key_acc"] = float(np.mean(h))
     return out
+
+
+def copy_probe(family, c, tok):
+    """The SFT probe (`loop.two_stage_sft`'s `probe`, every `exp.sft.probe_every` steps):
+    `key_copy_check` of the stage-1 strategies on `exp.sft.probe_tasks` held-out chains of the
+    experiment's own tasks, so the log shows when the copy forms (docs/PERF.md)."""
+    cs = copy.deepcopy(c)
+    cs.exp.check_tasks = int(c.exp.sft.get("probe_tasks", c.exp.check_tasks))
+    cs.exp.strategies = tuple(c.exp.sft.clean_strategies)
+    return lambda params: key_copy_check(params, family, cs, tok)
 
 
 def table(results: dict, passes: int) -> str:
@@ -199,7 +215,8 @@ def main(argv=None):
     c, out, tok, log, family = loop.start_run(a.config, a.set, a.out, env="key_recall")
     key = jax.random.key(int(c.seed))
     k_init, k_rl = jax.random.split(key)
-    params = loop.two_stage_sft(transformer.init(k_init, c.model), warm_start_demos(family, c, tok), c, out, log)
+    params = loop.two_stage_sft(transformer.init(k_init, c.model), warm_start_demos(family, c, tok), c, out, log,
+                                probe=copy_probe(family, c, tok))
     t0 = time.time()
     chk = key_copy_check(params, family, c, tok)
     log(dict(chk, phase="key_copy_check", check_s=time.time() - t0))

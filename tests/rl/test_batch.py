@@ -132,3 +132,44 @@ def test_batch_stats():
     st = rlbatch.batch_stats(b)
     assert st["rows"] == 8 and st["min_policy_version"] == 7 == st["max_policy_version"]
     assert st["generated_tokens"] == int(b["loss_mask"].sum())
+
+
+def test_split_microbatches_keeps_chains_whole_and_rows_intact():
+    groups = make_groups(G=3, n_groups=3)                 # 3 x (1 + 2 + 1) = 12 rows, chains of 1-2 rows
+    b = build(groups, np.arange(9.0).reshape(3, 3), min_rows=16)
+    s = rlbatch.split_microbatches(b, 3)
+    M = s["tokens"].shape[0]
+    S = b["tokens"].shape[1]
+    assert s["tokens"].shape == (M, 3, S) and s["replay_indices"].shape == (M, L, 3 * S, K)
+    assert M == 4     # first fit of chain sizes 1,2,1, 1,2,1, 1,2,1: [1+2] [1+1+1] [2+1] [2+1], no padding
+    # every real row appears exactly once, unchanged, and all of a chain's rows share a micro-batch
+    rep = b["replay_indices"].reshape(L, -1, S, K)
+    srep = s["replay_indices"].reshape(M, L, 3, S, K)
+    seen = {}
+    for m in range(M):
+        for r in range(3):
+            ci = int(s["row_chain"][m, r])
+            if ci < 0:
+                assert not s["valid"][m, r].any() and s["advantages"][m, r] == 0
+                assert (s["tokens"][m, r] == TOK.PAD).all() and (srep[m, :, r] == -1).all()
+                continue
+            src = np.flatnonzero((b["row_chain"] == ci) & (b["row_segment"] == s["row_segment"][m, r]))
+            assert len(src) == 1
+            src = int(src[0])
+            for name in rlbatch.ROW_FIELDS:
+                np.testing.assert_array_equal(s[name][m, r], b[name][src], err_msg=name)
+            np.testing.assert_array_equal(srep[m, :, r], rep[:, src])
+            assert seen.setdefault(ci, m) == m, f"chain {ci} split across micro-batches"
+    assert sorted(seen) == sorted(set(b["row_chain"][b["row_chain"] >= 0].tolist()))
+    assert int((s["row_chain"] >= 0).sum()) == int((b["row_chain"] >= 0).sum())
+    for name in ("chain_advantages", "group_rewards", "group_valid"):
+        np.testing.assert_array_equal(s[name], b[name])
+    assert rlbatch.batch_stats(s)["rows"] == rlbatch.batch_stats(b)["rows"] == 12
+
+
+def test_split_microbatches_refuses_a_chain_longer_than_a_micro_batch():
+    b = build(make_groups(), np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="segments > micro_rows=1"):
+        rlbatch.split_microbatches(b, 1)
+    with pytest.raises(ValueError, match="micro_rows must be >= 1"):
+        rlbatch.split_microbatches(b, 0)

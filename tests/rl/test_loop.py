@@ -138,3 +138,29 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
         c.exp.sft.clean_mix = (dict(task=dict(n_logs=1)),)               # the tuple-of-dicts form is refused
     with pytest.raises(ValueError, match="must map names"):
         mod.stage1_configs(c)
+
+
+def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
+    """`probe` (selfsum's key-copy check during SFT) runs every `probe_every` steps and at the
+    end, sees the params of that step, and its numbers join the log record."""
+    from horizon.model import transformer
+    from horizon.tasks.families import config_edit_demos
+
+    c = _cfg(steps=3)
+    c.exp.sft.log_every = 100
+    tok = ByteTokenizer(c.model.vocab_size)
+    rows = config_edit_demos(family_from_config(c.exp).tasks("train", 16), tok, np.random.default_rng(0),
+                             corrupt_prob=0.0, value_range=(1, 9), corrupt="next")
+    seen, recs = [], []
+
+    def probe(params):
+        seen.append(np.asarray(params["lm_head"]).copy())
+        return {"head_sum": float(np.asarray(params["lm_head"]).sum())}
+
+    p0 = transformer.init(loop.experiment_keys(c)["init"], c.model)
+    head0 = np.asarray(p0["lm_head"]).copy()
+    p = loop.run_sft(p0, rows, c, tmp_path, recs.append, probe=probe, probe_every=2)
+    assert [r["step"] for r in recs] == [2, 3] and len(seen) == 2       # step 2, then the end (step 3)
+    np.testing.assert_array_equal(seen[-1], np.asarray(p["lm_head"]))
+    assert not np.array_equal(seen[0], head0) and not np.array_equal(seen[0], seen[1])
+    assert recs[-1]["head_sum"] == pytest.approx(float(np.asarray(p["lm_head"]).sum()))

@@ -141,20 +141,74 @@ def build_batch(
     )
 
 
+# per-row fields (leading axis = rows; `replay_indices` is [L, R*S, k]) and their padding-row values
+ROW_FIELDS = dict(tokens=None, valid=False, loss_mask=False, sampler_logprobs=0.0, policy_versions=-1,
+                  advantages=0.0, row_chain=-1, row_segment=0, row_group=-1, truncated=False)
+
+
+def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *,
+                       pad_id: int = ByteTokenizer.PAD) -> dict[str, np.ndarray]:
+    """`build_batch`'s rows regrouped into M micro-batches of `micro_rows` rows each, stacked on a
+    new leading axis ([M, micro_rows, S], replay [M, L, micro_rows*S, k]), for the trainer's
+    gradient accumulation (`horizon.rl.trainer`): the step's activation memory then scales with
+    `micro_rows`, not with the whole batch.
+
+    Whole chains go to one micro-batch (first-fit in chain order), so the KL reward-to-go across a
+    chain's segments (`rl.kl_across_segments`) sees all of them; a chain with more than
+    `micro_rows` segments is refused. The group fields (`chain_advantages`, `group_rewards`,
+    `group_valid`) stay whole. M is the number of bins needed (no bucketing: one compile per M)."""
+    if micro_rows < 1:
+        raise ValueError(f"micro_rows must be >= 1, got {micro_rows}")
+    rc = np.asarray(batch["row_chain"])
+    chains: dict[int, list[int]] = {}
+    for r in np.flatnonzero(rc >= 0):
+        chains.setdefault(int(rc[r]), []).append(int(r))
+    bins: list[list[int]] = []
+    for ci, rows in chains.items():
+        if len(rows) > micro_rows:
+            raise ValueError(f"chain {ci} has {len(rows)} segments > micro_rows={micro_rows}: raise "
+                             "rl.batch.micro_rows (a chain's segments must share a micro-batch)")
+        for b in bins:
+            if len(b) + len(rows) <= micro_rows:
+                b += rows
+                break
+        else:
+            bins.append(list(rows))
+    bins = bins or [[]]
+    R, S = batch["tokens"].shape
+    idx = np.full((len(bins), micro_rows), R, np.int64)            # R = the appended padding row
+    for i, b in enumerate(bins):
+        idx[i, :len(b)] = b
+    out = {}
+    for name, fill in ROW_FIELDS.items():
+        x = np.asarray(batch[name])
+        pad = np.full((1,) + x.shape[1:], pad_id if fill is None else fill, x.dtype)
+        out[name] = np.concatenate([x, pad])[idx]
+    rep = np.asarray(batch["replay_indices"])
+    L, _, k = rep.shape
+    rep = np.concatenate([rep.reshape(L, R, S, k), np.full((L, 1, S, k), -1, rep.dtype)], axis=1)
+    out["replay_indices"] = np.moveaxis(rep[:, idx], 0, 1).reshape(len(bins), L, micro_rows * S, k)
+    out.update({k_: batch[k_] for k_ in batch if k_ not in out})
+    return out
+
+
 def build_batch_from_config(groups, rewards, cfg) -> dict[str, np.ndarray]:
-    """`build_batch` with shapes/options from the full config (`c.model`, `c.rl`, `c.rl.batch`)."""
+    """`build_batch` with shapes/options from the full config (`c.model`, `c.rl`, `c.rl.batch`);
+    split into micro-batches of `rl.batch.micro_rows` rows when that is > 0."""
     from horizon.model import transformer
 
     m, rl = cfg.model, cfg.rl
-    return build_batch(
+    b = build_batch(
         groups, rewards, num_moe_layers=transformer.layer_counts(m)[1], experts_per_tok=m.num_experts_per_tok,
         std_normalize=bool(rl.std_normalize), adv_std_eps=float(rl.adv_std_eps),
         min_rows=int(rl.batch.min_rows), min_seq=int(rl.batch.min_seq), min_groups=int(rl.batch.min_groups),
         max_seq=int(m.max_seq_len), truncated_reasons=tuple(rl.batch.truncated_reasons))
+    micro = int(rl.batch.get("micro_rows", 0) or 0)
+    return split_microbatches(b, micro) if micro > 0 else b
 
 
 def batch_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:
-    """Host-side summary of a batch (for logs): rows, tokens, padding waste, staleness."""
+    """Host-side summary of a batch, whole or split (for logs): rows, tokens, padding waste, staleness."""
     rows = int((batch["row_chain"] >= 0).sum())
     vers = batch["policy_versions"][batch["loss_mask"]]
     return dict(rows=rows, generated_tokens=int(batch["loss_mask"].sum()), tokens=int(batch["valid"].sum()),

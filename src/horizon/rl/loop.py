@@ -24,7 +24,7 @@ import json
 import pathlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -188,13 +188,16 @@ def evaluate(family: Family, params, tasks, pool: SandboxPool, c, tok, key, vers
 
 # ----------------------------------------------------------------------------- SFT
 def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", steps: int | None = None,
-            seq_len: int | None = None, batch_size: int | None = None, lr: float | None = None):
+            seq_len: int | None = None, batch_size: int | None = None, lr: float | None = None,
+            probe: Callable[[Any], dict] | None = None, probe_every: int = 0):
     """Train `params` for `steps` (default `c.exp.sft.steps`) on demonstration `rows`
     [(tokens, loss_mask)] packed into rows of `c.exp.sft.seq_len` (optimizer `c.exp.sft.optim`,
     schedule sized to `steps`); resumes from out/<name> if a finished checkpoint is there.
     `rows` may be a zero-argument callable, called only when there is no checkpoint.
     `steps`, `seq_len`, `batch_size` (and `lr`, the peak of `c.exp.sft.optim`) override
-    `c.exp.sft`'s for this call only."""
+    `c.exp.sft`'s for this call only. `probe(params) -> {name: float}`, if given, runs every
+    `probe_every` steps and at the end, and its numbers join the log record (e.g. selfsum's
+    key-copy accuracy, to see when a copy forms); it reads the params only."""
     s = c.exp.sft
     over = {k: int(v) for k, v in dict(steps=steps, seq_len=seq_len, batch_size=batch_size).items() if v is not None}
     if over or lr is not None:
@@ -230,16 +233,21 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
         b = dict(tokens=packed.tokens[idx], segment_ids=packed.segment_ids[idx], positions=packed.positions[idx],
                  mask=packed.extras["mask"][idx])
         state, m = step_fn(state, {k: jnp.asarray(v) for k, v in b.items()})
-        if (i + 1) % int(s.log_every) == 0 or i + 1 == int(s.steps):
+        last = i + 1 == int(s.steps)
+        probed = probe is not None and probe_every > 0 and ((i + 1) % probe_every == 0 or last)
+        if (i + 1) % int(s.log_every) == 0 or last or probed:
             rec = dict(phase=name, step=i + 1, loss=float(m["loss"]), wall_s=time.time() - t0)
-            log(rec)
-            print(f"{name} {i + 1}/{s.steps}: loss {rec['loss']:.4f} ({rec['wall_s']:.0f}s)", flush=True)
+            extra = probe(state.params) if probed else {}
+            log(dict(rec, **extra))
+            print(f"{name} {i + 1}/{s.steps}: loss {rec['loss']:.4f} ({rec['wall_s']:.0f}s)"
+                  + "".join(f", {k} {v:.3f}" for k, v in extra.items()), flush=True)
     ck.save(int(s.steps), state, {"step": int(s.steps)}, force=True)
     ck.close()
     return state.params
 
 
-def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, log: Log, *, name: str = "sft"):
+def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, log: Log, *, name: str = "sft",
+                  probe: Callable[[Any], dict] | None = None):
     """The SFT warm start in two stages from `params` (SPEC §4: a short SFT before RL):
 
     1. `exp.sft.clean_steps` steps on correct demos, `demos(True)` (out/<name>_clean): the tiny
@@ -251,13 +259,16 @@ def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, l
     Stage 1 may pack shorter rows (`exp.sft.clean_seq_len`, `clean_batch_size`: attention cost
     grows with the row length) and use its own peak lr (`exp.sft.clean_lr`: e.g. a high one
     where the copy forms, then a lower stage 2 that keeps it). `demos` is called only for a
-    stage that has no checkpoint yet; a finished out/<name> skips both."""
+    stage that has no checkpoint yet; a finished out/<name> skips both. `probe` (see
+    `run_sft`) runs every `exp.sft.probe_every` steps of both stages (0 or absent: never)."""
     s = c.exp.sft
     n_clean = int(s.get("clean_steps", 0))
+    pr = dict(probe=probe, probe_every=int(s.get("probe_every", 0) or 0))
     if n_clean > 0 and not (out / name).is_dir():
         params = run_sft(params, lambda: demos(True), c, out, log, name=f"{name}_clean", steps=n_clean,
-                         seq_len=s.get("clean_seq_len"), batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"))
-    return run_sft(params, lambda: demos(False), c, out, log, name=name)
+                         seq_len=s.get("clean_seq_len"), batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"),
+                         **pr)
+    return run_sft(params, lambda: demos(False), c, out, log, name=name, **pr)
 
 
 def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):

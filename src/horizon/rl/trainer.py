@@ -14,7 +14,11 @@ One step on a batch from `horizon.rl.batch.build_batch`:
    with its own routing, detached. With ``loss_agg == "token_sum"`` and no explicit
    ``token_sum_norm`` the loss is divided by the number of *real* rows (bucketing pads rows,
    and the padded count must not change the step size).
-4. Adam on all trainable params (`horizon.train.optim.make_optimizer` with the model's
+4. Gradient accumulation (optional): a batch split by `batch.split_microbatches` (leading
+   micro-batch axis, whole chains per micro-batch) runs steps 1-3 per micro-batch in a
+   `lax.scan` and sums the gradients weighted to the whole batch's loss normalisation
+   (`microbatch_weights`): the same update as one pass, with one micro-batch's activations.
+5. Adam on all trainable params (`horizon.train.optim.make_optimizer` with the model's
    `trainable_mask`, which excludes `router_bias`) with global-norm clipping, then the
    aux-loss-free router-bias update from the router load over real tokens only.
 
@@ -36,6 +40,7 @@ from jaxtyping import Array, Float, Int
 
 from horizon.model import moe, transformer
 from horizon.rl import losses
+from horizon.rl.batch import ROW_FIELDS
 from horizon.train import optim
 
 
@@ -137,27 +142,101 @@ def _reward_metrics(batch) -> dict:
                 reward_std=jnp.sum(r.std(axis=1) * gv) / n)
 
 
-def _train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
+def _loss_grads_load(params, ref_params, batch: dict, *, cfg):
+    """(metrics, grads, router load [L_moe, E] or None) of one batch or micro-batch."""
     rl = cfg.rl
     replay = batch["replay_indices"] if bool(rl.router_replay) else None
-    replay = fill_replay(state.params, batch["tokens"], replay, cfg=cfg) if replay is not None else None
+    replay = fill_replay(params, batch["tokens"], replay, cfg=cfg) if replay is not None else None
     grad_fn = jax.value_and_grad(rl_loss, has_aux=True)
-    (loss, (m, aux)), grads = grad_fn(state.params, batch, cfg=cfg, ref_params=state.ref_params, replay=replay)
+    (_, (m, aux)), grads = grad_fn(params, batch, cfg=cfg, ref_params=ref_params, replay=replay)
+    load = None
+    if bool(rl.update_router_bias) and transformer.layer_counts(cfg.model)[1] > 0:
+        load = masked_router_load(aux["router_indices"], batch["valid"].reshape(-1), cfg.model.num_experts)
+    return m, grads, load
+
+
+def microbatch_weights(batch: dict, *, cfg) -> Float[Array, " m"]:
+    """Each micro-batch's share of the whole batch's loss. `loss_from_logits` normalises a
+    micro-batch by its own count (real rows for "token_sum" without an explicit norm, masked
+    tokens for "token_mean", non-empty rows for "seq_mean"); weighting by count / total turns
+    that into the whole batch's normalisation, so the accumulated gradient equals the
+    one-batch gradient. An explicit `token_sum_norm` is the same constant in every micro-batch
+    (weight 1)."""
+    rl = cfg.rl
+    m = batch["loss_mask"].astype(jnp.float32)
+    if bool(rl.overlong_mask):
+        m = m * (~batch["truncated"].astype(bool))[..., None]
+    if rl.loss_agg == "token_sum":
+        if rl.token_sum_norm:
+            return jnp.ones(m.shape[:1], jnp.float32)
+        cnt = jnp.sum(batch["row_chain"] >= 0, axis=1)
+    elif rl.loss_agg == "token_mean":
+        cnt = m.sum(axis=(1, 2))
+    else:
+        cnt = jnp.sum(m.sum(axis=2) > 0, axis=1)
+    cnt = cnt.astype(jnp.float32)
+    return cnt / jnp.maximum(cnt.sum(), 1.0)
+
+
+_SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")          # weighted like the loss
+_ROW_METRICS = ("adv_mean", "adv_abs_mean")                # means over (padded) rows
+_MASK_METRICS = ("entropy", "logprob_mean", "sampler_logprob_diff")   # means over loss_mask tokens; the
+#                                     loss's own means are over its (overlong-masked) `num_tokens`
+
+
+def _accumulate(params, ref_params, batch: dict, *, cfg):
+    """`_loss_grads_load` over the micro-batches of a split batch (`batch.split_microbatches`,
+    leading axis M), in a `lax.scan` so only one micro-batch's activations are live: grads and
+    the loss metrics are summed with `microbatch_weights`, token means re-weighted by each
+    micro-batch's generated tokens, `ratio_max` maxed, `num_tokens` and router loads summed."""
+    w = microbatch_weights(batch, cfg=cfg)
+    xs = ({k: batch[k] for k in (*ROW_FIELDS, "replay_indices")}, w)
+
+    def body(acc, x):
+        mb, wi = x
+        m, g, load = _loss_grads_load(params, ref_params, mb, cfg=cfg)
+        return jax.tree.map(lambda a, b: a + wi * b, acc, g), (m, load)
+
+    grads, (ms, loads) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), xs)
+
+    def share(n):
+        return n / jnp.maximum(n.sum(), 1.0)
+
+    tw_mask = share(batch["loss_mask"].astype(jnp.float32).sum(axis=(1, 2)))
+    tw_loss = share(ms["num_tokens"])
+    m = {}
+    for k, v in ms.items():
+        if k in _SUMMED_METRICS:
+            m[k] = jnp.sum(w * v)
+        elif k == "num_tokens":
+            m[k] = jnp.sum(v)
+        elif k == "ratio_max":
+            m[k] = jnp.max(v)
+        elif k in _ROW_METRICS:
+            m[k] = jnp.mean(v)
+        else:
+            m[k] = jnp.sum((tw_mask if k in _MASK_METRICS else tw_loss) * v)
+    return m, grads, None if loads is None else jnp.sum(loads, axis=0)
+
+
+def _train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
+    split = batch["tokens"].ndim == 3                       # micro-batches [M, rows, S]
+    fn = _accumulate if split else _loss_grads_load
+    m, grads, load = fn(state.params, state.ref_params, batch, cfg=cfg)
     trainable = transformer.trainable_mask(state.params)
     gnorm = optax.tree.norm(jax.tree.map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable))
     tx = make_optimizer(state.params, cfg)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    n_moe = transformer.layer_counts(cfg.model)[1]
-    if bool(rl.update_router_bias) and n_moe > 0:
-        load = masked_router_load(aux["router_indices"], batch["valid"].reshape(-1), cfg.model.num_experts)
+    if load is not None:
         params = moe.update_router_bias(params, load, cfg.model)
     mask = batch["loss_mask"]
     vers = jnp.where(mask, batch["policy_versions"], jnp.iinfo(jnp.int32).max)
     m = dict(m, **_reward_metrics(batch), grad_norm=gnorm,
              tokens=jnp.sum(batch["valid"]).astype(jnp.float32),
              rows=jnp.sum(batch["row_chain"] >= 0).astype(jnp.float32),
-             min_policy_version=jnp.min(vers).astype(jnp.float32))
+             min_policy_version=jnp.min(vers).astype(jnp.float32),
+             microbatches=jnp.asarray(batch["tokens"].shape[0] if split else 1, jnp.float32))
     new = RLState(step=state.step + 1, params=params, opt_state=opt_state, ref_params=state.ref_params)
     return new, m
 
@@ -173,3 +252,11 @@ def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
     frozen = cfg if isinstance(cfg, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(cfg)
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     return _train_step_jit(state, batch, cfg=frozen)
+
+
+def compile_train_step(state: RLState, batch: dict, *, cfg):
+    """Ahead-of-time compiled `train_step` for this state and batch shape (for memory and
+    cost analysis: `.memory_analysis()`, `.cost_analysis()`; calling it runs one step)."""
+    frozen = cfg if isinstance(cfg, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(cfg)
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    return _train_step_jit.lower(state, batch, cfg=frozen).compile()

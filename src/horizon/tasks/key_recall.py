@@ -66,6 +66,8 @@ SUMMARY_HEADER = "Summary: "
 STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
 _PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 KEY_RE = re.compile(r"key #([A-Z])")               # "key #Q", in the file and in summaries; not decoys
+DECOY_TEMPLATE = "old {} revoked"                   # a decoy log line: written by `_log`, read by `DemoPolicy`
+_DECOY_RE = re.compile(re.escape(DECOY_TEMPLATE).replace(r"\{\}", "([A-Z])"))
 _LAST_RE = re.compile(r"(?:last|current:) (\d+)\.log")
 _READ_RE = re.compile(r"<parameter=path>(?:/workspace/)?(\d+)\.log</parameter>")
 _ID_RE = re.compile(r"keyrecall_(\d+)")
@@ -87,7 +89,7 @@ def key_recall_seeds(split: str, n: int, start: int = 0) -> list[int]:
 def _log(rng: random.Random, n_lines: int, decoy: int | None) -> str:
     lines = ["ok " + "".join(rng.choice(_FILLER) for _ in range(4)) for _ in range(n_lines)]
     if decoy is not None:
-        lines.insert(rng.randrange(n_lines + 1), f"old {decoy} revoked")
+        lines.insert(rng.randrange(n_lines + 1), DECOY_TEMPLATE.format(decoy))
     return "\n".join(lines) + "\n"
 
 
@@ -185,7 +187,7 @@ class DemoPolicy:
         rng = self._rng(text)
         key = self._key(text, rng)
         if rng.random() < self.corrupt_prob:             # a lossy summary
-            decoys = [d for d in re.findall(r"old ([A-Z]) revoked", text) if d != key]
+            decoys = [d for d in _DECOY_RE.findall(text) if d != key]
             key = rng.choice(decoys or [k for k in self.key_alphabet if k != key])
         last, n = self._last_log(text), _n_logs(text)
         if not compaction:

@@ -23,7 +23,8 @@ import numpy as np
 from horizon.agent import Segment, Trajectory
 from horizon.model import transformer
 from horizon.rl import batch as rlbatch
-from horizon.rl import loop, trainer
+from horizon.rl import trainer
+from horizon.utils.config import load_config_file
 
 
 def synthetic_groups(c, rows: int, seq: int, group_size: int, seed: int = 0):
@@ -49,14 +50,13 @@ def synthetic_groups(c, rows: int, seq: int, group_size: int, seed: int = 0):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/selfsum_tiny.py")
-    ap.add_argument("--env", default="key_recall")
     ap.add_argument("--rows", type=int, default=128)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--micro-rows", type=int, nargs="*", default=[],
                     help="also measure micro-batches of these many rows (remat off and on)")
     ap.add_argument("--run", action="store_true", help="also run and time one step per setting")
     a = ap.parse_args(argv)
-    c = loop.load_experiment(a.config, [], env=a.env)
+    c = load_config_file(a.config)
     G = int(c.rl.group_size)
     groups, rewards = synthetic_groups(c, a.rows, a.seq, G)
     for remat, micro in [(r, n) for n in [0, *a.micro_rows] for r in (False, True)]:

@@ -30,6 +30,8 @@ def agent_config() -> ml_collections.ConfigDict:
     a.max_observation_bytes = 8192    # tool output clipped (head + tail kept) to this size
     a.strict_tools = True             # strict argument checking (training); False = lenient
     a.max_malformed_calls = 3         # episode ends when this many turns failed to parse
+    a.max_steps = 0                   # driver rounds before "max_steps" ends an episode; 0 = derived from the two
+    #                                   above (horizon.agent.rollout.episode_step_limit)
     a.num_tool_workers = 8            # threads executing tool calls of a lockstep batch
     a.include_file_listing = True     # the task message shows the top of the workspace tree
     a.file_listing_max_bytes = 1024

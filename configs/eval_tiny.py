@@ -1,18 +1,19 @@
 """Eval config (SPEC §7): which checkpoints to compare, on which tasks, how many passes.
 
 `experiments/eval.py --config=configs/eval_tiny.py` evaluates every entry of
-`c.eval.checkpoints` (name -> checkpoint dir; "" = a fresh random init from `c.seed`, the
+`c.eval.checkpoints` ("NAME=DIR" strings; an empty DIR = a fresh random init from `c.seed`, the
 UNTRAINED baseline) on the same task set and writes one table comparing them. The default
 task set is held-out seeds of the config-edit family in exactly the environment `make run`
-trains in (configs/rl_tiny.py's `exp`: task options, model length, agent settings, the env's
-system prompt and `set` tool), and the checkpoints are that run's SFT stage and its final RL
-state (`runs/rl_tiny/sft`, `runs/rl_tiny/ckpt`): run `make run` first. `task_source="envs"`
-runs the hand-written envs/tasks set instead.
+trains in (configs/rl_tiny.py's model, agent and task options, the env's system prompt and
+`set` tool), and the checkpoints are that run's SFT stage and its final RL state
+(`runs/rl_tiny/sft`, `runs/rl_tiny/ckpt`): run `make run` first. `task_source="envs"` runs the
+hand-written envs/tasks set instead. Override the list with e.g.
+`--config.eval.checkpoints='("rl=runs/rl_tiny/ckpt",)'`.
 """
 
 import ml_collections
 
-from horizon.utils.config import deep_merge, sibling_config
+from horizon.utils.config import sibling_config
 
 
 def eval_section(exp: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -33,20 +34,20 @@ def eval_section(exp: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     e.verify_timeout_s = 60.0
     e.temperature = 1.0              # sampling for checkpoint policies (best-of-K needs > 0)
     e.top_p = 1.0
-    e.output_dir = "runs/eval_tiny"
+    e.output_dir = "runs/eval_tiny"  # records.jsonl, per_task.jsonl, summary.jsonl, results.md, best_of_k.png
     e.warmup = True                  # one untimed generation first, so latency_s excludes XLA compiles
-    # name -> checkpoint dir holding orbax `state` (lm TrainState or rl RLState; `params` is used).
-    # "" = fresh init from c.seed (the untrained baseline). Order = table order.
-    e.checkpoints = ml_collections.ConfigDict({"untrained": "", "sft": "runs/rl_tiny/sft",
-                                               "rl": "runs/rl_tiny/ckpt"})
+    # "NAME=DIR": DIR holds orbax `state` (lm TrainState or rl RLState; `params` is used); an empty
+    # DIR = fresh init from c.seed (the untrained baseline). Order = table order.
+    e.checkpoints = ("untrained=", "sft=runs/rl_tiny/sft", "rl=runs/rl_tiny/ckpt")
     e.include_scripted = False       # add the scripted-solution policy as an upper-bound row
     return e
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = sibling_config(__file__, "rl_tiny.py")
-    c.agent = sibling_config(__file__, "agent_tiny.py").agent
-    deep_merge(c.model, c.exp.model)     # the environment the RL run trained in
-    deep_merge(c.agent, c.exp.agent)
-    c.eval = eval_section(c.exp)
+    rl = sibling_config(__file__, "rl_tiny.py")      # the environment the RL run trained in
+    c = ml_collections.ConfigDict()
+    c.seed = rl.seed
+    c.model = rl.model
+    c.agent = rl.agent
+    c.eval = eval_section(rl.exp)
     return c

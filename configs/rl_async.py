@@ -14,7 +14,7 @@ def async_config() -> ml_collections.ConfigDict:
     # --- scheduler
     a.max_staleness = 1               # trainer_version - token_version bound (admission control); 0 = synchronous
     a.num_rollout_workers = 1         # rollout processes
-    a.queue_depth = 1                 # outstanding slot requests per worker
+    a.queue_depth = 1                 # outstanding slot requests per worker (0 = rl.prompts_per_step)
     a.pool = "multiprocessing"        # WorkerPool: "multiprocessing" | "ray" (adapter; ray not shipped)
     a.poll_s = 0.02                   # orchestrator / trainer polling interval
     a.weights_timeout_s = 600.0       # a worker waits this long for the weights version it needs
@@ -25,6 +25,7 @@ def async_config() -> ml_collections.ConfigDict:
     a.prompt_start = 0                # first toy prompt index
     a.init_from = ""                  # finished SFT checkpoint dir to start from ("" = random init)
     a.slots_per_batch = 1             # a worker batches up to this many queued slots into one generation
+    #                                   (0 = rl.prompts_per_step, horizon.rl.async_loop.batch_slots)
     a.batch_wait_s = 0.05             # ... waiting this long for each further queued request
     # --- in-flight weight updates (horizon.rl.workers.generate_inflight)
     a.chunk_tokens = 8                # decode steps between weight-store checks
@@ -40,28 +41,32 @@ def async_config() -> ml_collections.ConfigDict:
     a.shard_elems = 1 << 20           # leaves split into shards of this many elements
     a.publish_threads = 1             # compression threads
     # --- step-level checkpoints (orbax, horizon.train.checkpoint)
-    a.checkpoint_every = 1
-    a.max_checkpoints = 2
     # --- processes
     a.threads_per_process = 1         # XLA CPU threads per JAX process (shared 2-core machine)
-    a.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache shared by all processes ("" = off)
-    a.run_dir = "runs/rl_async"
-    a.num_steps = 30
+    a.run_dir = "runs/rl_async"       # output dir (results.json, one subdir per loop)
+    # --- experiments/rl_async.py
+    a.compare = ("sync", "async")     # loops to run: "sync" (in-process), "async", "sync_mp" (async at staleness 0)
+    a.smooth = 5                      # moving-average window over steps for the reward targets
     return a
 
 
 def get_config() -> ml_collections.ConfigDict:
     c = sibling_config(__file__, "rl_tiny.py")
     c.async_ = async_config()
+    c.exp.steps = 30                  # trainer steps of every loop (= rl.optim.steps)
+    c.rl.checkpoint_every = 1         # the trainer checkpoints every step (a restart loses no step); the XLA
+    #                                   cache shared by all processes is exp.compilation_cache_dir
     # the toy env: short rows, small buckets; lr high enough to learn in tens of steps
     c.model.max_seq_len = 128
     c.rl.group_size = 4
     c.rl.prompts_per_step = 2
+    c.rl.sampler.min_batch_bucket = 1
     c.rl.sampler.min_prompt_bucket = 64
     c.rl.sampler.min_new_bucket = 32
     c.rl.batch.min_rows = 8
     c.rl.batch.min_seq = 64
     c.rl.optim.lr = 3e-3
     c.rl.optim.warmup_steps = 0
+    c.rl.length_penalty.enabled = True   # (make run's task turns it off; the toy task keeps rl_config's curve)
     c.rl.kl_coef = 0.0                # no reference forward (faster trainer step on CPU)
     return c

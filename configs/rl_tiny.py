@@ -1,7 +1,13 @@
-"""Tiny RL config: configs/tiny.py plus every RL hyperparameter under `c.rl` (SPEC §4).
+"""`make run`'s config: SFT warm start + RL on the config-edit family in Docker (SPEC §4, §6, §7).
 
-Loss/KL semantics are documented in `horizon.rl.losses`; the length penalty curve and
-behaviour hooks in `horizon.rl.rewards`.
+The complete config experiments/rl.py runs: `model` (configs/tiny.py at max_seq_len 256), `mesh`,
+`agent` (configs/agent_tiny.py with this environment's settings), `rl` (every RL hyperparameter:
+loss/KL semantics in `horizon.rl.losses`, the length penalty and behaviour hooks in
+`horizon.rl.rewards`) and `exp` (task family, sandboxes, SFT warm start, eval). What you read here
+is what runs: `--config.rl.group_size=8` is the group size the trainer sees.
+
+One RL step count: `exp.steps` (`rl.optim.steps`, the schedule length, is the same FieldReference,
+so overriding either sets both).
 """
 
 import ml_collections
@@ -49,18 +55,39 @@ def rl_config() -> ml_collections.ConfigDict:
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = sibling_config(__file__, "tiny.py")
+    base = sibling_config(__file__, "tiny.py")
+    c = ml_collections.ConfigDict()
+    c.seed = 0                        # every PRNG key of the run derives from it (horizon.utils.seeds)
+    c.model = base.model
+    c.model.max_seq_len = 256         # context ~95 tokens + call ~100
+    c.mesh = base.mesh
+    c.agent = sibling_config(__file__, "agent_tiny.py").agent
+    c.agent.update(dict(
+        max_turns=1,                  # one call ends the episode (end reason "max_turns", not truncated)
+        max_new_tokens=112,           # the call is ~90 bytes
+        max_context_tokens=240, trigger_tokens=200, context_strategy="none",
+        include_file_listing=False,   # the prompt names the file; saves one exec per episode
+        max_malformed_calls=1, num_tool_workers=8, tool_timeout_s=20.0,
+    ))
     c.rl = rl_config()
-    _add_trainer_fields(c)
-    _add_experiment_fields(c)
+    add_trainer_fields(c.rl)
+    r = c.rl
+    r.group_size = 4
+    r.prompts_per_step = 8
+    # one fixed-format call: the length penalty has nothing to trade off here, and in groups whose
+    # rollouts all fail it would be the only (noise) signal, which Adam rescales to full-size steps
+    r.length_penalty.enabled = False
+    r.sampler.update(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=128))
+    r.batch.update(dict(min_rows=32, min_seq=256))
+    r.optim.update(dict(lr=2e-4, warmup_steps=2, min_lr_ratio=1.0))
+    c.exp = experiment_config()
+    r.optim.steps = c.exp.get_ref("steps")   # the schedule spans exactly the run's RL steps
     return c
 
 
 # ============================================================================= RL trainer block
-# Owned by the RL-trainer code (horizon.rl.{sampler,batch,trainer,prompts}); appended here so
-# the loss section above stays untouched.
-def _add_trainer_fields(c: ml_collections.ConfigDict) -> None:
-    r = c.rl
+# Read by horizon.rl.{sampler,batch,trainer,prompts}.
+def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
     # --- sampler (horizon.rl.sampler.generate); logprobs are always the untempered model's
     r.sampler = ml_collections.ConfigDict(dict(
         temperature=1.0,          # 0 = greedy; != 1 makes samples off-policy w.r.t. the trained logprobs
@@ -83,10 +110,13 @@ def _add_trainer_fields(c: ml_collections.ConfigDict) -> None:
     r.update_router_bias = True   # aux-loss-free bias update from the (real-token) router load
     r.use_reference = True        # keep a frozen copy of the initial params as the KL reference
     # Adam on all parameters (SPEC §4): same fields as c.train, read by horizon.train.optim
+    # (`steps`, the schedule length, is set by get_config to the experiment's step count)
     r.optim = ml_collections.ConfigDict(dict(
         steps=1000, lr=1e-5, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
     ))
+    r.checkpoint_every = 100          # RL checkpoints (RLState + prompt-sampler state) every N steps and at the end
+    r.max_checkpoints = 2
     # --- prompt sampler (horizon.rl.prompts): single epoch + late hard-prompt oversampling
     r.prompts_per_step = 2
     r.hard_prompt_start_step = -1     # step from which hard prompts are oversampled (-1 = never)
@@ -96,12 +126,9 @@ def _add_trainer_fields(c: ml_collections.ConfigDict) -> None:
 
 
 # ============================================================================= RL experiment block
-# Owned by experiments/rl.py (the CPU demo: SFT warm start, then RL on the procedural config-edit
-# family, horizon.tasks.synthetic via horizon.tasks.families). Everything lives under `c.exp`;
-# `exp.model`, `exp.agent` and `exp.rl` are *overrides* that `horizon.rl.loop.merge_experiment`
-# applies to c.model / the agent config / c.rl at run time, so the shared sections above keep
-# their defaults for other users of this file.
-def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
+# Read by experiments/rl.py and horizon.rl.loop (the CPU demo: SFT warm start, then RL on the procedural
+# config-edit family, horizon.tasks.synthetic via horizon.tasks.families).
+def experiment_config() -> ml_collections.ConfigDict:
     e = ml_collections.ConfigDict()
     e.env = "config_edit"             # task family (horizon.tasks.families: "config_edit" | "key_recall")
     e.task = ml_collections.ConfigDict(dict(
@@ -110,7 +137,9 @@ def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
         #                               model ~450 SFT steps longer to learn; horizon.tasks.synthetic)
     ))
     e.backend = "docker"              # sandbox backend for rollouts and eval ("local" = unisolated)
-    e.out_dir = "runs/rl_tiny"
+    e.sandbox_image = "horizon-sandbox:base"   # docker image of the pooled sandboxes (envs/build_base_image.sh)
+    e.out_dir = "runs/rl_tiny"        # run directory: config.json, metrics.jsonl, checkpoints, plots
+    e.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache ("" = off); speeds restarts
     e.steps = 40                      # RL steps
     e.n_sft_tasks = 4096              # train seeds [0, n) for demonstrations; RL prompts come after them
     e.pool_size = 32                  # pooled sandboxes (= rollouts per RL step = eval chunk)
@@ -124,31 +153,14 @@ def _add_experiment_fields(c: ml_collections.ConfigDict) -> None:
         #                               tiny model learns to copy the value (loss 0.024 -> 1e-4 between steps 300
         #                               and 600 at lr 1e-2; at lr 3e-3 no copy by 800 steps, clean or not)
         steps=300, batch_size=16, seq_len=208,  # stage 2; rows packed to seq_len (context ~80 + call ~90 tokens)
+        #                               (each stage's schedule spans its own step count)
         corrupt_prob=0.5,             # imperfect demonstrations: this fraction carries a wrong value ...
         corrupt="next",               # ... the next one (a systematic off-by-one; "random": a uniform guess)
         log_every=50,
         optim=ml_collections.ConfigDict(dict(
-            steps=300, lr=1e-2, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
+            lr=1e-2, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
             b1=0.9, b2=0.95, eps=1e-8, grad_clip=1.0, mtp_loss_weight=0.0, mtp_freeze_trunk=False)),
     ))
     # --- held-out eval: unseen seeds, `passes` independent sampled passes (std over passes = eval noise)
     e.eval = ml_collections.ConfigDict(dict(n_tasks=96, passes=4, every=0, temperature=1.0))
-    # --- overrides of the shared sections for this environment
-    e.model = ml_collections.ConfigDict(dict(max_seq_len=256))
-    e.agent = ml_collections.ConfigDict(dict(
-        max_turns=1,                  # one call ends the episode (end reason "max_turns", not truncated)
-        max_new_tokens=112,           # the call is ~90 bytes
-        max_context_tokens=240, trigger_tokens=200, context_strategy="none",
-        include_file_listing=False,   # the prompt names the file; saves one exec per episode
-        max_malformed_calls=1, num_tool_workers=8, tool_timeout_s=20.0,
-    ))
-    e.rl = ml_collections.ConfigDict(dict(
-        group_size=4, prompts_per_step=8,
-        # one fixed-format call: the length penalty has nothing to trade off here, and in groups whose
-        # rollouts all fail it would be the only (noise) signal, which Adam rescales to full-size steps
-        length_penalty=ml_collections.ConfigDict(dict(enabled=False)),
-        sampler=ml_collections.ConfigDict(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=128)),
-        batch=ml_collections.ConfigDict(dict(min_rows=32, min_seq=256)),
-        optim=ml_collections.ConfigDict(dict(steps=40, lr=2e-4, warmup_steps=2, min_lr_ratio=1.0)),
-    ))
-    c.exp = e
+    return e

@@ -3,8 +3,8 @@
 experiments/selfsum.py SFTs one tiny policy on demonstration chains (two stages: clean
 self-summary chains of several sizes until the key copy forms, then all three context strategies
 on the full tasks with lossy summaries), then runs RL from it once per strategy with the same trigger,
-token budget, prompts and steps, and evaluates each on held-out seeds. Only `c.exp` changes;
-the agent / RL / model sections are overridden through `exp.agent`, `exp.rl`, `exp.model`.
+token budget, prompts and steps, and evaluates each on held-out seeds. The model, agent and RL
+sections are set here directly: the returned config is the one the run uses.
 
 Sizes (byte tokens, `horizon.tasks.key_recall` with 3 logs of 3 lines and a one-letter key,
 measured on 32 rendered demos): the key's observation sits 272 tokens before the summary. The
@@ -35,7 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
     e.out_dir = "runs/selfsum_tiny"
     e.steps = 12                      # RL steps per strategy
     e.n_sft_tasks = 1024              # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
-    e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs)
+    e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs;
+    #                                   a docker demo backend uses exp.sandbox_image)
     e.demo_sandboxes = 16
     # --- two-stage warm start (horizon.rl.loop.two_stage_sft)
     e.sft.clean_steps = 1200          # stage 1: correct chains of `clean_strategies` only, where the key copy forms
@@ -52,7 +53,6 @@ def get_config() -> ml_collections.ConfigDict:
     e.sft.clean_batch_size = 16       #   attention cost of 8 x 1024 (1.3 vs 3 s/step on 2 cores), same tokens/step
     e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy formed as it decayed, not at constant 1e-2
     e.sft.steps = 300                 # stage 2: every strategy, `corrupt_prob` lossy summaries
-    e.sft.optim.steps = 300
     e.sft.optim.lr = 2e-3             # stage 2 peak lr: at 1e-2 stage 2 undid the copy (summary 0.69 -> 0.08,
     #                                   docs/PERF.md); lower, it learns the other strategies' formats on top of it
     e.sft.batch_size = 8
@@ -66,10 +66,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.eval.n_tasks = 48
     e.eval.passes = 2
     e.eval.every = 0                  # evaluate at step 0 (the SFT policy) and at the end only
-    e.model.max_seq_len = 1024
-    e.model.remat = True              # RL chain batches reach 128 rows x 1024 tokens: without remat the trainer
+    c.model.max_seq_len = 1024
+    c.model.remat = True              # RL chain batches reach 128 rows x 1024 tokens: without remat the trainer
     #                                   step needed a 27 GB buffer on CPU (docs/PERF.md)
-    e.agent = ml_collections.ConfigDict(dict(
+    c.agent.update(dict(
         max_turns=12, max_new_tokens=64,  # summary turns count: compaction summarizes after every late log   # a read call is ~60 tokens, the final answer ~18
         max_total_tokens=1536,            # the same generated-token budget for every strategy
         max_context_tokens=960, trigger_tokens=400,   # room for the compaction query + its ~250-token summary
@@ -80,7 +80,6 @@ def get_config() -> ml_collections.ConfigDict:
         include_file_listing=False, max_malformed_calls=2, num_tool_workers=8, tool_timeout_s=20.0,
         context_strategy="self_summary",  # replaced per run by each of exp.strategies
     ))
-    e.rl.sampler = ml_collections.ConfigDict(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=64))
-    e.rl.batch = ml_collections.ConfigDict(dict(min_rows=32, min_seq=256))
-    e.rl.optim.steps = 12
+    c.rl.sampler.update(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=64))
+    c.rl.batch.update(dict(min_rows=32, min_seq=256))
     return c

@@ -1,21 +1,20 @@
 """Evaluate policy checkpoints on a task set in sandboxes (SPEC §7): mean accuracy, best-of-K, efficiency.
 
     python experiments/eval.py --config=configs/eval_tiny.py
-    python experiments/eval.py --config=configs/eval_tiny.py --checkpoint=runs/rl_tiny/ckpt
-    python experiments/eval.py --config=configs/eval_tiny.py --checkpoint=sft=runs/rl_tiny/sft \
-        --set eval.num_passes=8 --set eval.backend=local
+    python experiments/eval.py --config=configs/eval_tiny.py --config.eval.checkpoints='("rl=runs/rl_tiny/ckpt",)'
+    python experiments/eval.py --config=configs/eval_tiny.py --config.eval.num_passes=8 --config.eval.backend=local
 
-Compares every entry of `c.eval.checkpoints` (name -> dir, "" = untrained init) or the
-`--checkpoint` list on the same tasks and passes. Writes to `c.eval.output_dir` (or --out):
+Compares every entry of `c.eval.checkpoints` ("NAME=DIR"; an empty DIR = untrained init) on the
+same tasks and passes. Writes to `c.eval.output_dir`:
 records.jsonl (one line per episode), per_task.jsonl, summary.jsonl (one line per policy),
 results.md (the tables) and best_of_k.png (pass@K vs K per policy, mean accuracy dashed).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
+import sys
 import time
 
 import jax
@@ -24,72 +23,20 @@ import numpy as np
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.eval import EvalSetup, load_params, markdown_table, policy_from_params, run_eval, scripted_policy
 from horizon.eval import summarize, write_jsonl
+from horizon.eval.setup import build_tasks, checkpoint_list, registry_fn_for, system_prompt_for, validate_eval_config
 from horizon.model.params import count_params
-from horizon.utils.config import apply_overrides, dump_config, load_config_file
+from horizon.utils import cli
+from horizon.utils.config import dump_config
+from horizon.utils.seeds import run_keys
 
 OVERALL_COLS = ("accuracy", "best_of_*", "completion_tokens", "tool_calls", "turns", "summaries", "latency_s",
                 "flops", "malformed_call_rate", "eager_edit_rate", "todo_completion_rate")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="configs/eval_tiny.py")
-    p.add_argument("--checkpoint", action="append", default=[], metavar="[NAME=]DIR",
-                   help="checkpoint(s) to evaluate instead of c.eval.checkpoints ('' dir = untrained init)")
-    p.add_argument("--out", default=None, help="output dir (default c.eval.output_dir)")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=VALUE",
-                   help="override a config field (JSON-parsed when possible), e.g. --set eval.num_passes=2")
-    return p.parse_args(argv)
-
-
-def build_tasks(e):
-    """The eval task list from `c.eval` (see configs/eval_tiny.py)."""
-    if e.task_source == "synthetic":
-        from horizon.tasks.synthetic import make_synthetic_tasks
-        opts = e.get("task_options") or {}
-        return make_synthetic_tasks(e.task_split, int(e.num_tasks), int(e.task_start),
-                                    **{k: tuple(v) if isinstance(v, list) else v for k, v in dict(opts).items()})
-    if e.task_source == "envs":
-        from horizon.tasks import load_tasks
-        tasks = load_tasks(e.tasks_root, split=e.task_split or None)
-        if e.task_ids:
-            by_id = {t.id: t for t in tasks}
-            missing = [i for i in e.task_ids if i not in by_id]
-            if missing:
-                raise KeyError(f"unknown task ids {missing}")
-            return [by_id[i] for i in e.task_ids]
-        return tasks[: int(e.num_tasks)] if int(e.num_tasks) > 0 else tasks
-    raise ValueError(f"eval.task_source must be 'synthetic' or 'envs', got {e.task_source!r}")
-
-
-def registry_fn_for(c):
-    if c.eval.tool_set == "synthetic":
-        from horizon.tasks.synthetic import synthetic_registry
-        reg = synthetic_registry(strict=bool(c.agent.strict_tools))
-        return lambda task: reg
-    if c.eval.tool_set == "agent":
-        from horizon.tools.builtin import registry_for
-        return lambda task: registry_for(c.agent, task.kind)
-    raise ValueError(f"eval.tool_set must be 'synthetic' or 'agent', got {c.eval.tool_set!r}")
-
-
-def system_prompt_for(c) -> str | None:
-    if c.eval.system_prompt == "synthetic":
-        from horizon.tasks.synthetic import SYSTEM_PROMPT
-        return SYSTEM_PROMPT
-    if c.eval.system_prompt:
-        raise ValueError(f"eval.system_prompt must be 'synthetic' or '', got {c.eval.system_prompt!r}")
-    return None
-
-
-def checkpoint_list(c, cli: list[str]) -> list[tuple[str, str]]:
-    if not cli:
-        return [(k, str(v)) for k, v in c.eval.checkpoints.items()]
-    out = []
-    for i, item in enumerate(cli):
-        name, sep, path = item.partition("=")
-        out.append((name, path) if sep else (f"ckpt{i}" if len(cli) > 1 else "checkpoint", item))
-    return out
+def load_config(argv=None):
+    """The validated config of `argv` (exit 2 with one line on bad input)."""
+    return cli.load(argv, default="configs/eval_tiny.py", validate=validate_eval_config, doc=__doc__,
+                    prog="experiments/eval.py")
 
 
 def best_of_k_plot(overall: list[dict], path: pathlib.Path) -> None:
@@ -107,11 +54,9 @@ def best_of_k_plot(overall: list[dict], path: pathlib.Path) -> None:
 
 
 def main(argv=None):
-    a = parse_args(argv)
-    c = load_config_file(a.config)
-    apply_overrides(c, a.set)
+    c = load_config(argv)
     e = c.eval
-    out = pathlib.Path(a.out or e.output_dir)
+    out = pathlib.Path(e.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(c, out / "config.json")
     tok = ByteTokenizer(c.model.vocab_size)
@@ -123,14 +68,14 @@ def main(argv=None):
                       system_prompt=system_prompt_for(c))
     print(f"{len(tasks)} tasks ({e.task_source}/{e.task_split}) x {e.num_passes} passes, backend {e.backend}, "
           f"active params {active:,}", flush=True)
-    policies = checkpoint_list(c, a.checkpoint)
+    policies = checkpoint_list(e.checkpoints)
     records, per_task, overall, sources = [], [], [], {}
-    key = jax.random.key(int(c.seed))
+    keys = run_keys(c.seed)
     for i, (name, path) in enumerate(policies):
         t0 = time.time()
-        params, meta = load_params(path, c)
+        params, meta = load_params(path, c, keys["init"])
         sources[name] = meta
-        pol = policy_from_params(params, c, jax.random.fold_in(key, 1000 + i), temperature=float(e.temperature),
+        pol = policy_from_params(params, c, jax.random.fold_in(keys["eval"], i), temperature=float(e.temperature),
                                  top_p=float(e.top_p))
         if e.warmup:   # compile the sampler's shape buckets outside the timed episodes
             ctx = np.asarray(tok.encode((setup.system_prompt or "") + tasks[0].prompt), np.int32)
@@ -167,4 +112,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -6,23 +6,25 @@ With Z = log r ~ N(-Δμ²/2, Δμ²) the analytic moments are
   k1: mean Δμ²/2, std Δμ;
   k2: mean Δμ²/2 + Δμ⁴/8 (biased), std sqrt((2Δμ⁴ + Δμ⁶)/4);
   k3: mean Δμ²/2, std sqrt(exp(Δμ²) - 1 - Δμ²)  (explodes as the gap grows).
-Writes kl_estimators.{png,md,jsonl} to --output_dir.
+Writes kl_estimators.{png,md,jsonl} to `output_dir` (configs/figures.py, section `kl`).
 
-    python experiments/kl_estimators.py --output_dir runs/figures
+    python experiments/kl_estimators.py --config=configs/figures.py --config.kl.num_samples=100000
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from horizon.rl.losses import KL_ESTIMATORS, kl_estimate
+from horizon.utils import cli
+from horizon.utils.config import need, need_int
 
 
 def analytic(gap: float) -> dict[str, tuple[float, float]]:
@@ -98,19 +100,16 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--output_dir", default="runs/figures")
-    ap.add_argument("--num_samples", type=int, default=1_000_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--gaps", default="0.1,0.25,0.5,0.75,1,1.5,2,2.5,3,3.5,4")
-    args = ap.parse_args()
-    gaps = [float(g) for g in args.gaps.split(",")]
-    if args.num_samples < 2 or not gaps:
-        raise SystemExit("need --num_samples >= 2 and at least one gap")
-    out = pathlib.Path(args.output_dir)
+def validate(c) -> None:
+    need_int(c.kl, "num_samples", "kl", lo=2)
+    need(len(c.kl.gaps) > 0 and all(g > 0 for g in c.kl.gaps), "kl.gaps", c.kl.gaps, "must be positive numbers")
+
+
+def main(argv=None) -> None:
+    c = cli.load(argv, default="configs/figures.py", validate=validate, doc=__doc__, prog="experiments/kl_estimators.py")
+    out = pathlib.Path(c.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = measure(gaps, args.num_samples, args.seed)
+    rows = measure([float(g) for g in c.kl.gaps], int(c.kl.num_samples), int(c.seed))
     with open(out / "kl_estimators.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
@@ -123,4 +122,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,24 +1,26 @@
 """Pretrain an LM on local code (SPEC §8): `python experiments/pretrain.py --config=configs/tiny.py`.
 
+    python experiments/pretrain.py --config=configs/tiny.py --config.train.steps=50 --config.train.output_dir=runs/x
+
 Logs train loss every `log_every` and held-out loss every `eval_every` (and at step 0) to
-`<workdir>/metrics.jsonl`, checkpoints every `checkpoint_every`, resumes from the newest
-checkpoint in the workdir, and ends with a loss-curve PNG and a summary.
+`<train.output_dir>/metrics.jsonl`, checkpoints every `checkpoint_every`, resumes from the newest
+checkpoint in that dir, and ends with a loss-curve PNG and a summary. Bad config values stop with
+one line and exit code 2 before anything starts (`lm.validate_train_config`).
 """
 
 import json
 import pathlib
+import sys
 import time
 
 import jax
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import logging
 
 from horizon.data import pipeline
 from horizon.train import checkpoint, lm
+from horizon.utils import cli
 from horizon.utils.config import dump_config
-
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "ml_collections config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: cfg.train.output_dir).")
+from horizon.utils.seeds import run_keys
 
 
 def log_record(path: pathlib.Path, rec: dict) -> None:
@@ -44,20 +46,21 @@ def plot(recs: list[dict], out: pathlib.Path) -> None:
     fig.tight_layout(), fig.savefig(out, dpi=100), plt.close(fig)
 
 
-def main(argv):
-    del argv
+def main(argv=None):
+    cfg = cli.load(argv, default="configs/tiny.py", validate=lm.validate_train_config, doc=__doc__,
+                   prog="experiments/pretrain.py")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save/restore at INFO
-    cfg, tc = _CONFIG.value, _CONFIG.value.train
+    tc = cfg.train
     if tc.get("compilation_cache_dir"):
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(tc.compilation_cache_dir).resolve()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    workdir = pathlib.Path(_WORKDIR.value or tc.output_dir).resolve()
+    workdir = pathlib.Path(tc.output_dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, workdir / "config.json")
     (workdir / "seed.txt").write_text(f"{cfg.seed}\n")
     metrics_path = workdir / "metrics.jsonl"
 
-    state = lm.init_state(jax.random.PRNGKey(cfg.seed), cfg)
+    state = lm.init_state(jax.random.key_data(run_keys(cfg.seed)["init"]), cfg)
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", every=tc.checkpoint_every, keep=tc.max_checkpoints)
     restored = ckpt.restore_latest(state)
     start = 0
@@ -118,4 +121,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Quant ablation (SPEC §3): tiny MoE pretraining runs that differ only in the expert-GEMM recipe.
 
-`python experiments/quant_ablation.py --config=configs/quant_ablation.py [--workdir=runs/quant_ablation]`
+`python experiments/quant_ablation.py --config=configs/quant_ablation.py [--config.train.output_dir=runs/x]`
 
 For each entry of `cfg.quant.runs` (name, moe_precision, quant_division, quant_approx_rcp_bits) it
 trains `cfg.train.steps` steps with `horizon.train.lm.train_step` on the DATA pipeline (same seed,
@@ -13,18 +13,28 @@ precisions to `horizon.quant.qmoe.quantized_ragged_dot` with `model.quant_divisi
 
 import json
 import pathlib
+import sys
 import time
 
 import jax
 import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
 
 from horizon.data import pipeline
+from horizon.model.moe import PRECISIONS_IMPLEMENTED, PRECISIONS_PLANNED
 from horizon.train import lm
+from horizon.utils import cli
+from horizon.utils.config import ConfigError
+from horizon.utils.seeds import run_keys
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/quant_ablation.py", "ml_collections config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: cfg.train.output_dir).")
+
+def validate(c) -> None:
+    """The tiny pretraining config plus `quant.runs`: (name, moe_precision, division, rcp bits) each."""
+    lm.validate_train_config(c)
+    known = PRECISIONS_IMPLEMENTED + PRECISIONS_PLANNED
+    for run in c.quant.runs:
+        if len(run) != 4 or run[1] not in known or run[2] not in ("ieee", "approx"):
+            raise ConfigError(f"quant.runs entry {run!r}: must be (name, moe_precision in {known}, "
+                              "'ieee'|'approx', rcp bits)")
 
 def run_one(cfg, name, precision, division, bits, eval_set):
     c = cfg.copy_and_resolve_references()
@@ -32,7 +42,7 @@ def run_one(cfg, name, precision, division, bits, eval_set):
     c.model.quant_division = division
     c.model.quant_approx_rcp_bits = bits
     train_fn, eval_fn = lm.jit_train_step(c), lm.jit_eval_step(c)
-    state = lm.init_state(jax.random.PRNGKey(c.seed), c)
+    state = lm.init_state(jax.random.key_data(run_keys(c.seed)["init"]), c)
     batches = pipeline.make_batches(c, "train", start_step=0)
     losses, evals, t0 = [], [], time.time()
     evals.append((0, lm.evaluate(eval_fn, state.params, eval_set)["eval_loss"]))
@@ -83,10 +93,10 @@ def table(results) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv):
-    del argv
-    cfg = _CONFIG.value
-    workdir = pathlib.Path(_WORKDIR.value or cfg.train.output_dir).resolve()
+def main(argv=None):
+    cfg = cli.load(argv, default="configs/quant_ablation.py", validate=validate, doc=__doc__,
+                   prog="experiments/quant_ablation.py")
+    workdir = pathlib.Path(cfg.train.output_dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     eval_set = pipeline.eval_batches(cfg)
     print(f"workdir {workdir}; {cfg.train.steps} steps x {cfg.data.batch_size}x{cfg.data.seq_len} tokens")
@@ -99,4 +109,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main(sys.argv[1:])

@@ -1,7 +1,7 @@
 """SFT warm start + RL over agent rollouts in Docker sandboxes, on CPU (SPEC §4, §6, §7).
 
     python experiments/rl.py --config=configs/rl_tiny.py            # the demo (`make run`)
-    python experiments/rl.py --config=configs/rl_tiny.py --set exp.steps=2 --set exp.sft.steps=5
+    python experiments/rl.py --config=configs/rl_tiny.py --config.exp.steps=3 --config.rl.group_size=8
 
 Environment. A byte-level tiny model cannot solve the hand-written task set, so the demo
 trains on a procedurally generated family (`horizon.tasks.synthetic`): "In settings.py set
@@ -10,9 +10,7 @@ TIMEOUT to 17." (the file has TIMEOUT = 42 among 2-4 constants) solved by ONE ca
 (SPEC §5 per-environment tool sets: executed for real in the sandbox, one exec), whose two
 arguments are copied from the prompt; a fast `python3 -B -c` check is the verifier. Held-out
 tasks are unseen seeds of the same family. The env has its own short system prompt
-(`synthetic.SYSTEM_PROMPT`), so a context is ~95 bytes and the call ~100. (The previous
-`edit_file` str_replace variant needed a ~200-byte call with four copied fields; after 120 SFT
-steps the tiny model emitted no well-formed call at all, so RL had no signal.)
+(`synthetic.SYSTEM_PROMPT`), so a context is ~95 bytes and the call ~100.
 
 Pipeline.
 1. SFT: scripted solutions rendered in the exact agent prompt format
@@ -33,15 +31,14 @@ Pipeline.
    sampled passes over `exp.eval.n_tasks` held-out tasks; the std over passes is the eval noise;
    best-of-K on held-out = fraction of tasks solved by any of the passes (K = passes).
 
-Outputs in `exp.out_dir` (or --out): config.json, metrics.jsonl (one record per SFT log / RL step /
-eval, `phase` field), orbax checkpoints (sft/ and ckpt/ = RLState + prompt-sampler state; a rerun
-resumes from the latest), rewards.png (mean and best-of-K vs step, train and held-out) and
-summary.json (the must-show numbers).
+Bad config values stop in one line, exit code 2, before anything starts. Outputs in `exp.out_dir`:
+config.json, metrics.jsonl (one record per SFT log / RL step / eval, `phase` field), orbax
+checkpoints (sft/ and ckpt/ = RLState + prompt-sampler state; a rerun resumes from the latest),
+rewards.png (mean and best-of-K vs step, train and held-out) and summary.json (must-show numbers).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -49,19 +46,18 @@ import time
 import jax
 import numpy as np
 
-from horizon.agent import Message, render
-from horizon.agent.prompt import task_text
-from horizon.rl import loop, sampler
+from horizon.agent.prompt import Message, render, task_text
+from horizon.env.rollouts import SandboxPool
+from horizon.rl import checks, loop, sampler
 from horizon.tools.format import parse_action
+from horizon.utils import cli
+from horizon.utils.seeds import run_keys
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="configs/rl_tiny.py")
-    p.add_argument("--out", default=None, help="run directory (default c.exp.out_dir)")
-    p.add_argument("--set", action="append", default=[], metavar="a.b=VALUE",
-                   help="override a config field (JSON if parseable), e.g. --set exp.steps=2")
-    return p.parse_args(argv)
+def load_config(argv=None):
+    """The validated config of `argv` (exit 2 with one line on bad input)."""
+    return cli.load(argv, default="configs/rl_tiny.py", validate=lambda c: checks.validate_experiment(c, "config_edit"),
+                    doc=__doc__, prog="experiments/rl.py")
 
 
 def sft_check(params, family, tasks, c, tok, key) -> dict:
@@ -118,12 +114,12 @@ def plot(records, path):
 
 
 def main(argv=None):
-    a = parse_args(argv)
+    c = load_config(argv)
     t_start = time.time()
-    c, out, tok, log, family = loop.start_run(a.config, a.set, a.out, env="config_edit")
-    keys = loop.experiment_keys(c)
+    out, tok, log, family = loop.start_run(c)
+    keys = run_keys(c.seed)
     k_init, k_rl, k_chk = keys["init"], keys["rl"], keys["check"]
-    pool = loop.SandboxPool.from_config(c)
+    pool = SandboxPool.from_config(c)
     print(f"{len(pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
     try:
         params = loop.config_edit_warm_start(c, family, tok, out, log, k_init)

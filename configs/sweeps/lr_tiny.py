@@ -5,8 +5,7 @@
 
 SCRIPT = "experiments/pretrain.py"
 CONFIG = "configs/tiny.py"
-OVERRIDE_STYLE = "absl"            # pretrain.py takes --config.a.b=v (ml_collections config_flags)
-OUT_FLAG = "--workdir"
+OUT_FIELD = "train.output_dir"     # each run's directory: --config.train.output_dir=<sweep out>/<run>
 BASE_OVERRIDES = {"train.steps": 20, "train.eval_every": 10, "train.eval_batches": 1, "train.log_every": 5,
                   "train.warmup_steps": 2, "train.checkpoint_every": 20}
 PLOT = ("step", "loss")

@@ -85,3 +85,15 @@ def test_behaviour_metrics_on_constructed_records():
 
 def test_inference_flops():
     assert inference_flops(1_000, 10) == 20_000.0
+
+
+def test_reward_curve_helpers():
+    """experiments/rl_async.py's curve comparisons: trailing mean, first time a target is reached."""
+    import numpy as np
+
+    from horizon.eval.report import reward_at, smooth, time_to_reach
+
+    np.testing.assert_allclose(smooth([1, 2, 3, 4], 2), [1.0, 1.5, 2.5, 3.5])
+    assert time_to_reach([0, 1, 2, 3], [0, 1, 2, 3], 2.5, 2) == 3.0
+    assert time_to_reach([0, 1], [0, 0], 1.0, 1) is None
+    assert reward_at([0, 1, 2, 3], [0, 1, 2, 3], 1.5, 2) == 0.5 and reward_at([1, 2], [0, 1], 0.5, 1) is None

@@ -3,25 +3,17 @@
 import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 FAKE_SCRIPT = '''
-import argparse, json, pathlib, sys
+import json, pathlib, sys
 sys.path.insert(0, {src!r})
-from horizon.utils.config import load_config_file
-p = argparse.ArgumentParser(); p.add_argument("--config"); p.add_argument("--out"); p.add_argument("--set", action="append", default=[])
-a = p.parse_args()
-c = load_config_file(a.config)
-for item in a.set:
-    k, _, v = item.partition("="); *par, leaf = k.split(".")
-    node = c
-    for n in par: node = node[n]
-    node[leaf] = json.loads(v)
-out = pathlib.Path(a.out); out.mkdir(parents=True, exist_ok=True)
+from horizon.utils import cli
+c = cli.load(sys.argv[1:], default="", validate=lambda c: None)
+out = pathlib.Path(c.out); out.mkdir(parents=True, exist_ok=True)
 if c.train.lr > 1: sys.exit(3)
 with open(out / "metrics.jsonl", "w") as f:
     for s in range(1, 4): f.write(json.dumps({{"step": s, "loss": c.train.lr * s}}) + "\\n")
@@ -31,7 +23,7 @@ with open(out / "metrics.jsonl", "w") as f:
 FAKE_CONFIG = '''
 import ml_collections
 def get_config():
-    c = ml_collections.ConfigDict(); c.seed = 0
+    c = ml_collections.ConfigDict(); c.seed = 0; c.out = ""
     c.train = ml_collections.ConfigDict(dict(lr=0.1, steps=3))
     return c
 '''
@@ -45,15 +37,15 @@ def _load(name, path):
 
 
 def test_sweep_runs_three_configs_and_writes_summary(tmp_path):
-    sweep = _load("sweep_mod", REPO / "experiments" / "sweep.py")
+    from horizon.eval import sweep
     (tmp_path / "fake.py").write_text(FAKE_SCRIPT.format(src=str(REPO / "src")))
     (tmp_path / "fake_cfg.py").write_text(FAKE_CONFIG)
     (tmp_path / "sw.py").write_text(
         f"SCRIPT = {str(tmp_path / 'fake.py')!r}\nCONFIG = {str(tmp_path / 'fake_cfg.py')!r}\n"
-        "OVERRIDE_STYLE = 'set'\nOUT_FLAG = '--out'\nBASE_OVERRIDES = {'train.steps': 3}\n"
+        "OUT_FIELD = 'out'\nBASE_OVERRIDES = {'train.steps': 3}\n"
         "def get_sweep():\n    return [{'train.lr': 0.1, 'seed': 1}, {'train.lr': 0.2, 'seed': 2}, {'train.lr': 5.0}]\n")
     out = tmp_path / "out"
-    rows = sweep.run_sweep(tmp_path / "sw.py", out)
+    rows = sweep.run_sweep(tmp_path / "sw.py", out, root=REPO)
     assert [r["returncode"] for r in rows] == [0, 0, 3]          # the third run fails on purpose
     assert [r["seed"] for r in rows] == [1, 2, 0]
     assert rows[0]["final_loss"] == pytest.approx(0.3) and rows[1]["last/loss"] == pytest.approx(0.6)
@@ -64,19 +56,20 @@ def test_sweep_runs_three_configs_and_writes_summary(tmp_path):
     assert md.count("\n|") >= 4 and "final_loss" in md        # header + rule + 3 rows
     for r in rows:
         info = json.loads((out / r["run"] / "sweep_run.json").read_text())
-        assert info["git_commit"] == sweep.git_commit() and info["git_commit"]
+        assert info["git_commit"] == sweep.git_commit(REPO) and info["git_commit"]
         cfg = json.loads((out / r["run"] / "config.json").read_text())
         assert cfg["train"]["lr"] == r["train.lr"] and cfg["train"]["steps"] == 3
     assert (out / "curves.png").stat().st_size > 1000
 
 
 def test_sweep_rejects_unknown_override_and_git_unknown(tmp_path):
-    sweep = _load("sweep_mod2", REPO / "experiments" / "sweep.py")
+    from horizon.eval import sweep
     (tmp_path / "fake_cfg.py").write_text(FAKE_CONFIG)
     (tmp_path / "sw.py").write_text(f"CONFIG = {str(tmp_path / 'fake_cfg.py')!r}\n"
                                     "def get_sweep():\n    return [{'train.nope': 1}]\n")
-    with pytest.raises(KeyError):
-        sweep.run_sweep(tmp_path / "sw.py", tmp_path / "o", dry_run=True)
+    with pytest.raises(ValueError, match="unknown config field --config.train.nope"):
+        sweep.run_sweep(tmp_path / "sw.py", tmp_path / "o", root=REPO, dry_run=True)
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())   # nothing ran, no run dir
     assert sweep.git_commit(tmp_path) == "unknown"          # not a git repo
 
 
@@ -116,8 +109,8 @@ def test_load_params_round_trip(tmp_path):
 @pytest.mark.slow
 def test_real_lr_sweep_of_tiny_pretraining(tmp_path):
     """configs/sweeps/lr_tiny.py end to end (3 x 20-step pretraining runs; ~1-4 min on 2 loaded cores)."""
-    sweep = _load("sweep_mod3", REPO / "experiments" / "sweep.py")
-    rows = sweep.run_sweep(REPO / "configs" / "sweeps" / "lr_tiny.py", tmp_path / "lr")
+    from horizon.eval import sweep
+    rows = sweep.run_sweep(REPO / "configs" / "sweeps" / "lr_tiny.py", tmp_path / "lr", root=REPO)
     assert [r["returncode"] for r in rows] == [0, 0, 0]
     assert all(r["final_eval_loss"] < r["init_eval_loss"] for r in rows)   # each run learned something
     assert (tmp_path / "lr" / "summary.md").exists() and (tmp_path / "lr" / "curves.png").exists()

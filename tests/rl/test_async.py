@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from horizon.model import transformer
-from horizon.rl import async_loop, sampler, storage, trainer, workers
+from horizon.rl import async_loop, checks, sampler, storage, trainer, workers
 from horizon.rl import weight_sync as ws
 from horizon.utils.config import load_config_file
 
@@ -27,7 +27,7 @@ def small_cfg(**async_overrides):
     c.model.d_model = 32
     c.rl.group_size = 2
     c.async_.toy_max_new_tokens = 16
-    c.async_.compilation_cache_dir = str(ROOT / "runs" / "jax_cache")
+    c.exp.compilation_cache_dir = str(ROOT / "runs" / "jax_cache")
     for k, v in async_overrides.items():
         c.async_[k] = v
     return c
@@ -71,9 +71,8 @@ def test_rollout_spanning_a_weight_update(inflight_env, kv_mode):
     chunk, n_new = 4, 12
     # two rows and the config's buckets: the same compiled shapes as the toy rollout below
     kw = dict(sampler.sampler_kwargs_from_config(cfg), min_batch_bucket=2)
-    out = workers.generate_inflight(switching_poll(p0, p1, 1), [prompt, prompt], jax.random.key(0), cfg=cfg,
-                                    max_new_tokens=n_new, chunk_tokens=chunk, kv_mode=kv_mode,
-                                    stop_tokens=(), **kw)
+    out = sampler.generate(None, [prompt, prompt], jax.random.key(0), cfg=cfg, poll=switching_poll(p0, p1, 1),
+                           max_new_tokens=n_new, chunk_tokens=chunk, kv_mode=kv_mode, stop_tokens=(), **kw)
     v, gen, lp = out.versions[0], out.tokens[0], out.logprobs[0]
     assert out.switches == 1 and len(gen) == n_new
     # recompute: the pending token is re-sampled by the new weights; keep: it stays old-version
@@ -91,12 +90,30 @@ def test_rollout_spanning_a_weight_update(inflight_env, kv_mode):
         assert np.abs(lp[n_old:] - lp0[n_old:]).max() > 1e-2
 
 
+@pytest.mark.parametrize("kv_mode", ["recompute", "keep"])
+def test_polling_without_a_switch_is_fixed_params_generate(inflight_env, kv_mode):
+    """One generate: polling weights that never change gives exactly the fixed-params samples
+    (same keys, same compiled steps), with every token tagged by the polled version."""
+    cfg, p0, _, _ = inflight_env
+    prompts = [workers.toy_prompt("toy_0"), workers.toy_prompt("toy_12")]
+    kw = dict(sampler.sampler_kwargs_from_config(cfg), min_batch_bucket=2, max_new_tokens=12)
+    fixed = sampler.generate(p0, prompts, jax.random.key(5), cfg=cfg, version=3, **kw)
+    polled = sampler.generate(None, prompts, jax.random.key(5), cfg=cfg, poll=lambda: (p0, 3), chunk_tokens=4,
+                              kv_mode=kv_mode, **kw)
+    assert polled.switches == 0
+    for a, b in zip(fixed.tokens + fixed.logprobs + fixed.versions, polled.tokens + polled.logprobs + polled.versions):
+        np.testing.assert_array_equal(a, b)
+    assert all((v == 3).all() for v in polled.versions)
+    for a, b in zip(fixed.router_indices, polled.router_indices):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_toy_rollout_tags_tokens_and_builds_a_batch(inflight_env):
     cfg, p0, p1, _ = inflight_env
     from horizon.data.tokenizer import ByteTokenizer
     from horizon.rl import batch as rlbatch
 
-    pol = workers.make_inflight_policy(switching_poll(p0, p1, 1), cfg, jax.random.key(3), chunk_tokens=4)
+    pol = sampler.make_policy(switching_poll(p0, p1, 1), cfg, jax.random.key(3), chunk_tokens=4)
     trajs, rs, _ = workers.toy_rollout(dict(prompt_id="toy_1", slot=0, seed=0), pol, cfg, ByteTokenizer())
     b = rlbatch.build_batch_from_config([trajs], np.asarray([rs], np.float32), cfg)
     vers = b["policy_versions"][b["loss_mask"]]
@@ -110,23 +127,23 @@ def test_experiment_env_batches_slots_of_rl_py_task(inflight_env):
     generation, per-slot groups tagged with the version that sampled them (local sandboxes here;
     the Docker run is experiments/rl_async.py)."""
     from horizon.data.tokenizer import ByteTokenizer
-    from horizon.tasks.families import family_from_config
+    from horizon.env.families import family_from_config
 
     _, p0, _, _ = inflight_env
     c = load_config_file(ROOT / "configs" / "rl_async_tiny.py")
     c.model.num_layers, c.model.d_model = 2, 32          # p0's shapes
     c.rl.group_size, c.exp.pool_size, c.exp.backend = 2, 4, "local"
     c.async_.slots_per_batch = 2
-    async_loop.validate_async_config(c)
+    checks.validate_async(c)
     ids = async_loop.prompt_ids_for(c, 2)
     fam = family_from_config(c.exp)
     assert ids == [workers.experiment_prompt_id("config_edit", s) for s in fam.seeds("train", 2, c.exp.n_sft_tasks)]
-    pol = workers.make_inflight_policy(lambda: (p0, 7), c, jax.random.key(0), chunk_tokens=16)
+    pol = sampler.make_policy(lambda: (p0, 7), c, jax.random.key(0), chunk_tokens=16)
+    env = workers.FamilyEnv(c)
     try:
-        res = workers.experiment_rollouts([dict(slot=i, prompt_id=x, seed=i) for i, x in enumerate(ids)], pol, c,
-                                          ByteTokenizer())
+        res = env.rollouts([dict(slot=i, prompt_id=x, seed=i) for i, x in enumerate(ids)], pol, ByteTokenizer())
     finally:
-        workers.close_experiment_env()
+        env.close()
     assert len(res) == 2 and all(len(tr) == 2 and len(rs) == 2 for tr, rs, _ in res)
     for (trajs, _, infos), pid in zip(res, ids):
         assert {t.task_id for t in trajs} == {fam.make_task(workers.experiment_seed(pid)).id}
@@ -134,7 +151,7 @@ def test_experiment_env_batches_slots_of_rl_py_task(inflight_env):
         assert all(i["verifier"] in (0.0, 1.0) for i in infos)
     c.exp.pool_size = 3                                   # cannot hold one batch's rollouts
     with pytest.raises(ValueError, match="pool_size"):
-        async_loop.validate_async_config(c)
+        checks.validate_async(c)
 
 
 # ----------------------------------------------------------------------------- scheduler + stores (no JAX)
@@ -172,7 +189,7 @@ def _weights_sha(run, v):
 @pytest.mark.slow   # ~80 s warm (3 trainer processes + 1 worker compile on the shared 2 cores)
 def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path):
     c = small_cfg(max_staleness=1, num_rollout_workers=1, publish_dtype="float32", full_every=3,
-                  checkpoint_every=1, poll_s=0.02)
+                  poll_s=0.02)
     steps = 4
     run = tmp_path / "run"
     orch = async_loop.Orchestrator(c, run, num_steps=steps, kill_trainer_at=2)

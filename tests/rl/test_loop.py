@@ -11,17 +11,20 @@ import pytest
 
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.rl import loop
-from horizon.tasks.families import family_from_config
+from horizon.env.families import family_from_config
+from horizon.utils.config import load_config_file
+from horizon.utils.seeds import run_keys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _cfg(**sft):
-    c = loop.load_experiment(str(ROOT / "configs" / "rl_tiny.py"), [], env="config_edit")
+    c = load_config_file(ROOT / "configs" / "rl_tiny.py")
     c.model.num_layers, c.model.d_model = 2, 32          # small compiles
     c.exp.n_sft_tasks = 16
     c.exp.sft.batch_size = 4
     c.exp.sft.log_every = 1
+    c.exp.sft.optim.warmup_steps = 0                     # the stages here are 1-3 steps (warmup < steps)
     for k, v in sft.items():
         c.exp.sft[k] = v
     return c
@@ -32,7 +35,7 @@ def test_two_stage_warm_start_writes_both_checkpoints_and_reloads(tmp_path):
     recs = []
     fam = family_from_config(c.exp)
     p = loop.config_edit_warm_start(c, fam, ByteTokenizer(c.model.vocab_size), tmp_path, recs.append,
-                                    loop.experiment_keys(c)["init"])
+                                    run_keys(c.seed)["init"])
     # stage sizes come from the config (the clean stage's `steps` override does not leak into stage 2)
     assert [r["step"] for r in recs if r["phase"] == "sft_clean"] == [1, 2]
     assert [r["step"] for r in recs if r["phase"] == "sft"] == [1, 2, 3]
@@ -42,7 +45,7 @@ def test_two_stage_warm_start_writes_both_checkpoints_and_reloads(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # a rerun restores the finished stage 2 instead of training again
     again = loop.config_edit_warm_start(c, fam, ByteTokenizer(c.model.vocab_size), tmp_path, recs.append,
-                                        loop.experiment_keys(c)["init"])
+                                        run_keys(c.seed)["init"])
     assert len(recs) == 5
     for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(again)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -52,7 +55,7 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
     """Demos can take minutes (selfsum: chains through the agent loop): a stage with a finished
     checkpoint must not build its demos again; clean_steps=0 skips stage 1 entirely."""
     from horizon.model import transformer
-    from horizon.tasks.families import config_edit_demos
+    from horizon.env.demos import config_edit_demos
 
     c = _cfg(clean_steps=1, steps=1)
     fam = family_from_config(c.exp)
@@ -65,7 +68,7 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
         calls.append(clean)
         return rows
 
-    p0 = transformer.init(loop.experiment_keys(c)["init"], c.model)
+    p0 = transformer.init(run_keys(c.seed)["init"], c.model)
     loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
     assert calls == [True, False]
     loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)          # both stages restored
@@ -83,14 +86,14 @@ def test_run_sft_lr_override_is_local(tmp_path):
     moves every parameter with a gradient by exactly lr (m / sqrt(v) = sign(g); warmup is 0 for a
     1-step run), so the largest change of the lm head is the lr used."""
     from horizon.model import transformer
-    from horizon.tasks.families import config_edit_demos
+    from horizon.env.demos import config_edit_demos
 
     c = _cfg(steps=1)
     tok = ByteTokenizer(c.model.vocab_size)
     rows = config_edit_demos(family_from_config(c.exp).tasks("train", 16), tok, np.random.default_rng(0),
                              corrupt_prob=0.0, value_range=(1, 9), corrupt="next")
     for name, lr in (("low", 3e-4), ("default", None)):
-        p0 = transformer.init(loop.experiment_keys(c)["init"], c.model)
+        p0 = transformer.init(run_keys(c.seed)["init"], c.model)
         head0 = np.asarray(p0["lm_head"]).copy()                       # (d_model, vocab)
         p = loop.run_sft(p0, rows, c, tmp_path, lambda r: None, name=name, lr=lr)
         head = np.asarray(p["lm_head"])
@@ -109,12 +112,10 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
     (short chains with an earlier trigger, ..., the experiment's own) while stage 2 uses the
     experiment's tasks only; a malformed mix element is refused."""
     import copy
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("selfsum_driver", ROOT / "experiments" / "selfsum.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = loop.load_experiment(str(ROOT / "configs" / "selfsum_tiny.py"), [], env="key_recall")
+    from horizon.env import selfsum as mod
+
+    c = load_config_file(ROOT / "configs" / "selfsum_tiny.py")
     c.exp.n_sft_tasks, c.exp.demo_sandboxes, c.exp.demo_backend = 2, 2, "local"
     c.exp.sft.clean_mix = ml_collections.ConfigDict(dict(
         b_full={}, a_short=dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=200))))   # name order
@@ -144,7 +145,7 @@ def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
     """`probe` (selfsum's key-copy check during SFT) runs every `probe_every` steps and at the
     end, sees the params of that step, and its numbers join the log record."""
     from horizon.model import transformer
-    from horizon.tasks.families import config_edit_demos
+    from horizon.env.demos import config_edit_demos
 
     c = _cfg(steps=3)
     c.exp.sft.log_every = 100
@@ -157,7 +158,7 @@ def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
         seen.append(np.asarray(params["lm_head"]).copy())
         return {"head_sum": float(np.asarray(params["lm_head"]).sum())}
 
-    p0 = transformer.init(loop.experiment_keys(c)["init"], c.model)
+    p0 = transformer.init(run_keys(c.seed)["init"], c.model)
     head0 = np.asarray(p0["lm_head"]).copy()
     p = loop.run_sft(p0, rows, c, tmp_path, recs.append, probe=probe, probe_every=2)
     assert [r["step"] for r in recs] == [2, 3] and len(seen) == 2       # step 2, then the end (step 3)

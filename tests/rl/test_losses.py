@@ -362,3 +362,17 @@ def test_kl_sequence_gradient_needs_reward_to_go(two_step):
     # Per-token penalty misses E[∇log q(y1) · k1_2]: biased for the sequence KL.
     mean, se = _mc_stats(_two_step_grad_fn("reward_token"), ys)
     _assert_differs(mean, se, target)
+
+
+def test_mean_group_max_is_best_of_k_and_pass_at_n():
+    """One best-of-K: the trainer's metric and the eval's held-out best-of-passes are
+    `mean_group_max`; on 0/1 success it equals the unbiased pass@k at k = n."""
+    from horizon.eval.harness import pass_at_k
+
+    rng = np.random.default_rng(0)
+    solved = (rng.random((7, 4)) < 0.3).astype(np.float32)          # 7 tasks x 4 passes
+    want = np.mean([pass_at_k(4, int(s.sum()), 4) for s in solved])
+    assert float(L.mean_group_max(solved)) == pytest.approx(want)
+    r = jnp.asarray(rng.random((5, 3)), jnp.float32)
+    valid = jnp.asarray([1, 1, 0, 1, 0], jnp.float32)                 # padding groups do not count
+    assert float(L.mean_group_max(r, valid)) == pytest.approx(float(r.max(axis=1)[jnp.array([0, 1, 3])].mean()))

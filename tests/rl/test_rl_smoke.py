@@ -2,7 +2,7 @@
 
 Tiny settings (2 SFT steps, 1 RL step of 2 prompts x 4 rollouts, 4 held-out tasks x 2 passes,
 16-token generations, small compile buckets). The run is dominated by jit compiles (SFT step,
-sampler prefill/step, RL step); the persistent compilation cache (`c.train.compilation_cache_dir`)
+sampler prefill/step, RL step); the persistent compilation cache (`c.exp.compilation_cache_dir`)
 makes reruns faster.
 """
 
@@ -30,14 +30,13 @@ def test_rl_driver_end_to_end(tmp_path):
     if not docker_available():
         pytest.skip("\n\n*** DOCKER ENGINE NOT AVAILABLE: the RL driver smoke test was SKIPPED ***\n")
     out = tmp_path / "run"
-    sets = ["exp.steps=1", "exp.sft.clean_steps=2", "exp.sft.steps=2", "exp.sft.log_every=1",
-            "exp.eval.n_tasks=4", "exp.eval.passes=2",
-            "exp.pool_size=8", "exp.rl.prompts_per_step=2", "exp.n_sft_tasks=32", "exp.plot=true",
-            "exp.agent.max_new_tokens=16", "exp.rl.sampler.min_batch_bucket=8", "exp.rl.sampler.min_new_bucket=16",
-            "exp.rl.batch.min_rows=8", "exp.rl.batch.min_seq=128"]
-    argv = [f"--config={ROOT / 'configs' / 'rl_tiny.py'}", f"--out={out}"]
-    for s in sets:
-        argv += ["--set", s]
+    sets = ["exp.steps=1", "rl.optim.warmup_steps=0", "exp.sft.clean_steps=2", "exp.sft.steps=2",
+            "exp.sft.log_every=1", "exp.sft.optim.warmup_steps=1", "exp.eval.n_tasks=4", "exp.eval.passes=2",
+            "exp.pool_size=8", "rl.prompts_per_step=2", "exp.n_sft_tasks=32", "exp.plot=true",
+            "agent.max_new_tokens=16", "rl.sampler.min_batch_bucket=8", "rl.sampler.min_new_bucket=16",
+            "rl.batch.min_rows=8", "rl.batch.min_seq=128"]
+    argv = [f"--config={ROOT / 'configs' / 'rl_tiny.py'}", f"--config.exp.out_dir={out}"]
+    argv += [f"--config.{s}" for s in sets]
     summary = _driver().main(argv)
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     phases = [r["phase"] for r in recs]
@@ -73,11 +72,11 @@ def test_selfsum_driver_end_to_end(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "ss"
-    argv = [f"--config={ROOT / 'configs' / 'selfsum_tiny.py'}", f"--out={out}"]
-    for s in ("exp.steps=1", "exp.sft.steps=2", "exp.sft.clean_steps=2", "exp.sft.log_every=1", "exp.n_sft_tasks=8",
-              "exp.eval.n_tasks=4", "exp.check_tasks=2", "exp.sft.batch_size=4", "exp.sft.clean_batch_size=4",
-              "exp.pool_size=32"):
-        argv += ["--set", s]
+    argv = [f"--config={ROOT / 'configs' / 'selfsum_tiny.py'}", f"--config.exp.out_dir={out}"]
+    argv += [f"--config.{s}" for s in ("exp.steps=1", "rl.optim.warmup_steps=0", "exp.sft.steps=2",
+                                       "exp.sft.clean_steps=2", "exp.sft.optim.warmup_steps=1", "exp.sft.log_every=1",
+                                       "exp.n_sft_tasks=8", "exp.eval.n_tasks=4", "exp.check_tasks=2",
+                                       "exp.sft.batch_size=4", "exp.sft.clean_batch_size=4", "exp.pool_size=32")]
     res = mod.main(argv)
     assert set(res["results"]) == {"self_summary", "prompt_compaction", "sliding_window"}
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -14,7 +14,8 @@ from horizon.agent import run_episodes
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.tasks import key_recall as kr
 from horizon.tasks import verify
-from horizon.tasks.families import family_from_config, key_recall_demos, make_episode
+from horizon.env.demos import KeyRecallDemoPolicy, key_recall_demos
+from horizon.env.families import family_from_config, make_episode
 from horizon.tools.registry import ToolContext, ToolState
 from horizon.utils.config import load_config_file
 
@@ -23,9 +24,9 @@ TOK = ByteTokenizer()
 
 @pytest.fixture(scope="module")
 def cfg():
-    from horizon.rl.loop import load_experiment
+    from horizon.utils.config import load_config_file
 
-    return load_experiment("configs/selfsum_tiny.py", env="key_recall")
+    return load_config_file("configs/selfsum_tiny.py")
 
 
 def _agent(cfg, strategy):
@@ -86,7 +87,7 @@ def test_demonstrator_needs_the_summary(sandbox, cfg, strategy, solves):
     won = []
     for t in fam.tasks("train", 6):
         fam.reset(sandbox, t)
-        tr = run_episodes(kr.DemoPolicy(TOK, 0.0), [make_episode(fam, t, sandbox, TOK, a)], max_steps=30)[0]
+        tr = run_episodes(KeyRecallDemoPolicy(TOK, 0.0), [make_episode(fam, t, sandbox, TOK, a)], max_steps=30)[0]
         assert tr.end_reason == "final" and tr.stats["tool_calls"] == int(cfg.exp.task.n_logs) + 1   # key + logs
         if strategy != "sliding_window":
             assert tr.stats["summaries"] >= 1 and len(tr.segments) == tr.stats["summaries"] + 1
@@ -101,7 +102,7 @@ def test_lossy_summaries_cost_the_reward(sandbox, cfg):
     t = fam.make_task(11)
     fam.reset(sandbox, t)
     ep = make_episode(fam, t, sandbox, TOK, _agent(cfg, "self_summary"))
-    tr = run_episodes(kr.DemoPolicy(TOK, corrupt_prob=1.0), [ep], max_steps=30)[0]
+    tr = run_episodes(KeyRecallDemoPolicy(TOK, corrupt_prob=1.0), [ep], max_steps=30)[0]
     assert tr.end_reason == "final" and tr.final_answer != t.final_answer
     assert verify(t, sandbox, tr.final_answer, check_edits=False).reward == 0.0
 

@@ -30,7 +30,7 @@ def _cmd(tmp: pathlib.Path, workdir: str) -> list[str]:
                         log_every=1, eval_every=10, eval_batches=1, compilation_cache_dir=tmp / "xla_cache"))
     flags = [f"--config.{sec}.{k}={v}" for sec, kv in o.items() for k, v in kv.items()]
     return [sys.executable, str(REPO / "experiments" / "pretrain.py"), "--config=configs/tiny.py",
-            f"--workdir={tmp / workdir}", *flags]
+            f"--config.train.output_dir={tmp / workdir}", *flags]
 
 
 def _records(workdir: pathlib.Path) -> list[dict]:

@@ -1,13 +1,14 @@
 """horizon.agent: the rollout state machine, prompts, context strategies and scripted policies (SPEC §5, §6)."""
 
 from horizon.agent.prompt import Message, Rendered, render, split_turns, system_prompt
-from horizon.agent.rollout import (STATS_KEYS, Episode, Generation, Segment, Trajectory, rollout, run_episodes,
-                                   validate_agent_config)
+from horizon.agent.rollout import (STATS_KEYS, Episode, Generation, Segment, Trajectory, episode_step_limit, rollout,
+                                   run_episodes, validate_agent_config)
 from horizon.agent.scripted import RecallScriptedPolicy, ScriptedPolicy, script_from_task
 from horizon.agent.summarize import (COMPACTION_PROMPT, SUMMARY_QUERY, ContextState, ContextStrategy,
                                      PromptCompaction, SelfSummary, SlidingWindow, make_strategy)
 
 __all__ = ["Message", "Rendered", "render", "split_turns", "system_prompt", "STATS_KEYS", "Episode",
-           "Generation", "Segment", "Trajectory", "rollout", "run_episodes", "validate_agent_config",
+           "Generation", "Segment", "Trajectory", "episode_step_limit", "rollout", "run_episodes",
+           "validate_agent_config",
            "RecallScriptedPolicy", "ScriptedPolicy", "script_from_task", "COMPACTION_PROMPT", "SUMMARY_QUERY",
            "ContextState", "ContextStrategy", "PromptCompaction", "SelfSummary", "SlidingWindow", "make_strategy"]

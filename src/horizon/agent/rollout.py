@@ -30,10 +30,10 @@ from jaxtyping import Bool, Float, Int
 from horizon.agent.prompt import Message, render, system_prompt, task_text
 from horizon.agent.summarize import ContextState, make_strategy
 from horizon.tools.format import ParseError, parse_action, parse_summary
+from horizon.rl.rewards import STATS_KEYS
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
+from horizon.utils.config import need, need_choice, need_float, need_int
 
-STATS_KEYS = ("thinking_tokens", "tool_call_tokens", "tool_output_tokens", "final_tokens", "tool_calls",
-              "turns", "summaries", "todos_created", "todos_completed", "malformed_calls", "summary_tokens")
 STRATEGIES = ("self_summary", "prompt_compaction", "sliding_window", "none")
 
 
@@ -78,16 +78,31 @@ class Trajectory:
         return int(sum(s.loss_mask.sum() for s in self.segments))
 
 
-def validate_agent_config(cfg) -> None:
-    if cfg.context_strategy not in STRATEGIES:
-        raise ValueError(f"context_strategy must be one of {STRATEGIES}, got {cfg.context_strategy!r}")
+def validate_agent_config(cfg, prefix: str = "agent", strategies: Sequence[str] = ()) -> None:
+    """Check an `agent` config (configs/agent_tiny.py) before any episode: strategy names, positive
+    budgets, and a trigger below the context limit with room for a turn's generation and for the
+    summary of `cfg.context_strategy` and of each of `strategies` (a driver that runs several).
+    Raises `ConfigError` (a ValueError) naming the field, e.g. `agent.trigger_tokens=999999: ...`."""
+    need_choice(cfg, "context_strategy", prefix, STRATEGIES)
+    for s in strategies:
+        need(s in STRATEGIES, "strategies", s, f"each must be one of {STRATEGIES}")
     for k in ("max_turns", "max_total_tokens", "max_context_tokens", "max_new_tokens", "trigger_tokens",
-              "summary_max_tokens", "compaction_max_tokens", "max_observation_bytes", "max_malformed_calls"):
-        if int(cfg[k]) <= 0:
-            raise ValueError(f"agent config {k} must be positive, got {cfg[k]}")
-    if cfg.trigger_tokens >= cfg.max_context_tokens:
-        raise ValueError(f"trigger_tokens ({cfg.trigger_tokens}) must be below max_context_tokens "
-                         f"({cfg.max_context_tokens})")
+              "summary_max_tokens", "compaction_max_tokens", "max_observation_bytes", "max_malformed_calls",
+              "num_tool_workers"):
+        need_int(cfg, k, prefix, lo=1)
+    ctx = int(cfg.max_context_tokens)
+    need(int(cfg.trigger_tokens) < ctx, f"{prefix}.trigger_tokens", cfg.trigger_tokens,
+         f"must be below {prefix}.max_context_tokens={ctx} (the compaction trigger fires before the context is full)")
+    used = {cfg.context_strategy, *strategies}
+    budgets = ["max_new_tokens"] + (["summary_max_tokens"] if "self_summary" in used else []) + (
+        ["compaction_max_tokens"] if "prompt_compaction" in used else [])
+    for k in budgets:
+        need(int(cfg[k]) < ctx, f"{prefix}.{k}", cfg[k], f"must be below {prefix}.max_context_tokens={ctx}")
+    need_float(cfg, "sliding_window_keep_fraction", prefix, 0.0, 1.0, lo_open=True)
+    need_float(cfg, "tool_timeout_s", prefix, 0.0, lo_open=True)
+    need_float(cfg, "max_tool_timeout_s", prefix, float(cfg.tool_timeout_s))
+    if "max_steps" in cfg:
+        need_int(cfg, "max_steps", prefix, lo=0)
 
 
 def _clip_generation(gen: Generation, tok) -> Generation:
@@ -287,10 +302,13 @@ class Episode:
                           dict(self.stats), self.end_reason)
 
 
-def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int,
+def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int | None = None,
                  num_tool_workers: int = 1) -> list[Trajectory]:
     """Drive episodes in lockstep: one batched policy call per distinct generation limit per
-    step, then all tool calls (in `num_tool_workers` threads). Returns their trajectories."""
+    step, then all tool calls (in `num_tool_workers` threads). Returns their trajectories.
+    `max_steps` defaults to `episode_step_limit` of the episodes' agent config."""
+    if max_steps is None:
+        max_steps = max((episode_step_limit(e.cfg) for e in episodes), default=0)
     pool = ThreadPoolExecutor(num_tool_workers) if num_tool_workers > 1 else None
     try:
         for _ in range(max_steps):
@@ -320,6 +338,15 @@ def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int,
     return [e.trajectory() for e in episodes]
 
 
+def episode_step_limit(cfg) -> int:
+    """Driver rounds (a generation or a tool round each) before `run_episodes` ends an episode with
+    "max_steps": `cfg.max_steps`, or when that is 0, two rounds per turn and per malformed call plus
+    slack for summary turns (`2 * (max_turns + max_malformed_calls) + 8`). A derived value computed
+    at use, so an override of `max_turns` moves it."""
+    explicit = int(cfg.get("max_steps", 0) or 0)
+    return explicit if explicit > 0 else 2 * (int(cfg.max_turns) + int(cfg.max_malformed_calls)) + 8
+
+
 def rollout(policy: Policy, task, sandbox, cfg, *, registry: ToolRegistry | None = None,
             tokenizer=None, max_steps: int | None = None) -> Trajectory:
     """One episode of `task` in `sandbox` (left open for the verifier; the caller closes it).
@@ -329,5 +356,4 @@ def rollout(policy: Policy, task, sandbox, cfg, *, registry: ToolRegistry | None
 
     registry = registry if registry is not None else registry_for(cfg, getattr(task, "kind", None))
     ep = Episode(task, sandbox, registry, tokenizer or ByteTokenizer(), cfg)
-    steps = max_steps if max_steps is not None else 2 * (int(cfg.max_turns) + int(cfg.max_malformed_calls)) + 8
-    return run_episodes(policy, [ep], max_steps=steps)[0]
+    return run_episodes(policy, [ep], max_steps=max_steps)[0]

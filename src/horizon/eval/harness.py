@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from horizon.agent import STATS_KEYS, Episode, Message, ScriptedPolicy, run_episodes
+from horizon.agent import STATS_KEYS, Episode, Message, ScriptedPolicy, episode_step_limit, run_episodes
 from horizon.eval import behaviour
 
 Policy = Callable[[list, int], list]
@@ -70,38 +70,17 @@ def policy_from_params(params: dict, cfg, key, **sampler_overrides) -> Policy:
 
 
 def load_params(ckpt_dir: str, cfg, key=None) -> tuple[dict, dict]:
-    """(params, meta) from the newest orbax checkpoint in `ckpt_dir` (a `Checkpointer` dir whose
-    `state` item is an lm TrainState or an rl RLState; only `params` is used). `""` = a fresh
-    init from `key` (untrained baseline), meta {"step": 0}."""
-    import jax
-    import orbax.checkpoint as ocp
-
+    """(params, meta) from the newest checkpoint in `ckpt_dir` (`train.checkpoint.restore_params`:
+    any `Checkpointer` dir whose `state` holds params). `""` = a fresh init from `key` (default:
+    the RL drivers' init key of `cfg.seed`; the untrained baseline), meta {"step": 0}."""
     from horizon.model import transformer
+    from horizon.train.checkpoint import restore_params
+    from horizon.utils.seeds import run_keys
 
     if not ckpt_dir:
-        key = jax.random.key(int(cfg.seed)) if key is None else key
+        key = run_keys(cfg.seed)["init"] if key is None else key
         return transformer.init(key, cfg.model), {"step": 0, "source": "init"}
-    import pathlib
-    path = pathlib.Path(ckpt_dir).resolve()
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint dir {path} does not exist")
-    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"))
-    step = mngr.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint steps in {path}")
-    abstract = jax.eval_shape(lambda k: transformer.init(k, cfg.model), jax.random.key(0))
-    raw = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-    state, meta = raw["state"], dict(raw["meta"] or {})
-    params = state["params"] if isinstance(state, dict) else state.params
-    want = jax.tree.structure(abstract)
-    if jax.tree.structure(params) != want:
-        raise ValueError(f"checkpoint {path}/{step} params do not match cfg.model's param tree")
-    bad = [(a.shape, b.shape) for a, b in zip(jax.tree.leaves(abstract), jax.tree.leaves(params)) if a.shape != b.shape]
-    if bad:
-        raise ValueError(f"checkpoint {path}/{step} param shapes differ from cfg.model: {bad[:3]}")
-    params = jax.tree.map(lambda a, x: jax.numpy.asarray(x, a.dtype), abstract, params)
-    mngr.close()
-    return params, dict(meta, step=int(step), source=str(path))
+    return restore_params(ckpt_dir, cfg.model)
 
 
 def scripted_policy(tasks, tokenizer) -> Policy:
@@ -188,7 +167,7 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
         raise ValueError("run_eval needs at least one task")
     jobs = [(t, p) for p in range(setup.num_passes) for t in tasks]
     cfg = setup.agent_cfg
-    max_steps = 2 * (int(cfg.max_turns) + int(cfg.max_malformed_calls)) + 8
+    max_steps = episode_step_limit(cfg)
     records: list[dict] = []
     pool = ThreadPoolExecutor(max(1, min(setup.max_parallel, 16)))
     try:

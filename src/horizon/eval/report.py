@@ -11,6 +11,8 @@ import math
 import pathlib
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 
 def write_jsonl(path: str | pathlib.Path, records: Iterable[dict]) -> pathlib.Path:
     """Write `records` one JSON object per line (overwrites)."""
@@ -117,3 +119,32 @@ def plot_jsonl(path: str | pathlib.Path, out: str | pathlib.Path, *, x: str = "s
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+# ----------------------------------------------------------------------------- reward curves
+def smooth(x, w: int) -> np.ndarray:
+    """Trailing moving average of `x` over `w` points (fewer at the start)."""
+    x = np.asarray(x, np.float64)
+    if len(x) == 0:
+        return x
+    w = max(1, min(w, len(x)))
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    out = np.empty_like(x)
+    for i in range(len(x)):
+        lo = max(0, i - w + 1)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out
+
+
+def time_to_reach(times, rewards, target: float, w: int) -> float | None:
+    """The first time at which the smoothed reward reaches `target` (None if never)."""
+    s = smooth(rewards, w)
+    hit = np.nonzero(s >= target - 1e-9)[0]
+    return float(times[hit[0]]) if len(hit) else None
+
+
+def reward_at(times, rewards, t: float, w: int) -> float | None:
+    """The smoothed reward at the last point at or before time `t` (None if none)."""
+    s = smooth(rewards, w)
+    idx = [i for i, ti in enumerate(times) if ti <= t]
+    return float(s[idx[-1]]) if idx else None

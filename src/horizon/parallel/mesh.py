@@ -71,6 +71,21 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+def require_one_device(c) -> None:
+    """Refuse a `mesh` section that asks for more than one device in a driver that does not build
+    its mesh from the config yet (SPEC §2; the experiments run on one device until they do): a
+    mesh override there would be silently ignored. Raises `ConfigError` naming the field."""
+    from horizon.utils.config import need
+
+    if "mesh" not in c:
+        return
+    m = c.mesh
+    need(not m.preset, "mesh.preset", m.preset, "must be '' (this driver runs on one device; the mesh presets "
+         "run in tests/parallel and benchmarks/parallel.py)")
+    for k in AXES:
+        need(int(m[k]) == 1, f"mesh.{k}", m[k], "must be 1 (this driver runs on one device)")
+
+
 def mesh_sizes(mcfg: ml_collections.ConfigDict) -> dict[str, int]:
     """Axis sizes from ``cfg.mesh``: the preset's if ``mcfg.preset`` is set, else the explicit sizes."""
     preset = mcfg.get("preset", "")

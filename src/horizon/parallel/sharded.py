@@ -251,11 +251,11 @@ def lower_decode_step(params: Any, cfg: ml_collections.ConfigDict, mesh, batch: 
     from horizon.rl import sampler
 
     c = sampling_config(cfg)
-    mcfg = sampler._frozen(c)
+    mcfg = sampler.frozen_model_cfg(c)
     cache = transformer.init_cache(mcfg, batch, max_len)
     tok = jnp.zeros((batch,), jnp.int32)
     cache, tok, pos = sampling_placer(mesh)(cache, tok, tok)
-    return sampler._step.lower(params, cache, tok, pos, jax.random.key(0), jnp.float32(0.0), jnp.float32(1.0),
+    return sampler.decode_step.lower(params, cache, tok, pos, jax.random.key(0), jnp.float32(0.0), jnp.float32(1.0),
                                cfg=mcfg).compile()
 
 

@@ -8,7 +8,7 @@ orchestrator itself never imports JAX):
       │                        publishes version t+1 (weight_sync: delta chain on a shared dir)
       └─ rollout workers ×W   `rollout_worker_main`: take a slot request, load the newest weights,
                                roll out one prompt group with in-flight weight updates
-                               (`workers.generate_inflight`), score it, write it to the GroupStore
+                               (`sampler.generate` polling the weight source), score it, write it to the GroupStore
 
 All data moves through the shared run directory (the stand-in for object storage), never
 through the trainer's pipes: the trainer can be SIGKILLed at any point and restarted without
@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from horizon.rl import storage, weight_sync
+from horizon.utils.seeds import run_keys
 
 def numpy_init(mcfg, seed: int) -> dict:
     """`horizon.model.params.numpy_init`, imported lazily: this module keeps jax out of import time
@@ -79,26 +80,18 @@ SLOT_STATES = ("requested", "generating", "scored", "grouped", "trained")
 
 
 # ----------------------------------------------------------------------------- config helpers
-def validate_async_config(cfg) -> None:
-    a = cfg.async_
-    if int(a.max_staleness) < 0:
-        raise ValueError(f"async_.max_staleness must be >= 0, got {a.max_staleness}")
-    for k in ("num_rollout_workers", "publish_every", "full_every", "checkpoint_every", "chunk_tokens",
-              "queue_depth", "max_checkpoints"):
-        if int(a[k]) < 1:
-            raise ValueError(f"async_.{k} must be >= 1, got {a[k]}")
-    if a.env not in ("toy", "experiment"):
-        raise ValueError(f"async_.env must be 'toy' or 'experiment', got {a.env!r}")
-    if a.env == "experiment":
-        if "exp" not in cfg:
-            raise ValueError("async_.env='experiment' needs the config's `exp` block (configs/rl_tiny.py)")
-        need = int(a.slots_per_batch) * int(cfg.rl.group_size)
-        if int(cfg.exp.pool_size) < need:
-            raise ValueError(f"exp.pool_size={cfg.exp.pool_size} < slots_per_batch * group_size = {need}")
-    if int(a.slots_per_batch) < 1:
-        raise ValueError(f"async_.slots_per_batch must be >= 1, got {a.slots_per_batch}")
-    if int(cfg.rl.prompts_per_step) < 1 or int(cfg.rl.group_size) < 1:
-        raise ValueError("rl.prompts_per_step and rl.group_size must be >= 1")
+def batch_slots(cfg) -> int:
+    """Slots a worker batches into one generation: `async_.slots_per_batch`, 0 = one step's
+    groups (`rl.prompts_per_step`, as experiments/rl.py generates). Computed at use, so an
+    override of `rl.prompts_per_step` moves it."""
+    n = int(cfg.async_.slots_per_batch)
+    return n if n > 0 else int(cfg.rl.prompts_per_step)
+
+
+def worker_queue_depth(cfg) -> int:
+    """Outstanding slot requests per worker: `async_.queue_depth`, 0 = `rl.prompts_per_step`."""
+    n = int(cfg.async_.queue_depth)
+    return n if n > 0 else int(cfg.rl.prompts_per_step)
 
 
 def prompt_ids_for(cfg, total: int) -> list[str]:
@@ -108,7 +101,7 @@ def prompt_ids_for(cfg, total: int) -> list[str]:
     if a.env == "toy":
         return [f"toy_{i}" for i in range(int(a.prompt_start), int(a.prompt_start) + total)]
     from horizon.rl.workers import experiment_prompt_id  # noqa: PLC0415
-    from horizon.tasks.families import family_from_config  # noqa: PLC0415
+    from horizon.env.families import family_from_config  # noqa: PLC0415
 
     seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks))
     return [experiment_prompt_id(str(cfg.exp.env), s) for s in seeds]
@@ -138,7 +131,7 @@ def child_env(cfg) -> dict[str, str]:
 def _setup_jax(cfg) -> None:
     import jax  # noqa: PLC0415
 
-    d = str(cfg.async_.compilation_cache_dir)
+    d = str(cfg.exp.compilation_cache_dir)
     if d:
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(d).resolve()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -188,7 +181,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
     store = storage.GroupStore(run / "groups")
     log = run / "trainer.jsonl"
     state = trainer.init_state(initial_params(cfg), cfg)
-    ckpt = Checkpointer(run / "ckpt", every=int(a.checkpoint_every), keep=int(a.max_checkpoints))
+    ckpt = Checkpointer(run / "ckpt", every=int(cfg.rl.checkpoint_every), keep=int(cfg.rl.max_checkpoints))
     start = 0
     restored = ckpt.restore_latest(state)
     if restored is not None:
@@ -243,16 +236,29 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
     template = jax.eval_shape(lambda: numpy_init(cfg.model, 0))
     source = workers.WeightSource(run / "weights", template, min_interval_s=float(a.weight_poll_interval_s))
     store = storage.GroupStore(run / "groups")
-    fn = workers.ROLLOUT_FNS[str(a.env)]
-    base_key = jax.random.key(int(cfg.seed) + 1)
+    env = workers.ENVS[str(a.env)](cfg)       # this worker's environment (its pooled sandboxes)
+    base_key = run_keys(cfg.seed)["rollout"]
     name = f"w{worker_id}"
+    try:
+        _serve(requests, events, env, source, store, cfg, tok, base_key, name)
+    finally:
+        env.close()
+
+
+def _serve(requests, events, env, source, store, cfg, tok, base_key, name) -> None:
+    """The rollout worker's request loop (`rollout_worker_main`)."""
+    import jax  # noqa: PLC0415
+
+    from horizon.rl import sampler, workers  # noqa: PLC0415
+
+    a = cfg.async_
     stop = False
     while not stop:
         req = requests.get()
         if req is None:
             break
         reqs = [req]       # batch the requests already queued (one generation for all their rollouts)
-        while len(reqs) < int(a.slots_per_batch):
+        while len(reqs) < batch_slots(cfg):
             try:
                 r = requests.get(timeout=float(a.batch_wait_s))
             except queue_mod.Empty:
@@ -265,10 +271,10 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
             events.put(dict(kind="generating", slot=int(r["slot"]), worker=name, time=time.time()))
         source.wait_for(max(int(r["min_version"]) for r in reqs), float(a.weights_timeout_s))
         start_version = source.poll()[1]
-        policy = workers.make_inflight_policy(source.poll, cfg, jax.random.fold_in(base_key, int(reqs[0]["seed"])),
-                                              chunk_tokens=int(a.chunk_tokens), kv_mode=str(a.kv_mode))
+        policy = sampler.make_policy(source.poll, cfg, jax.random.fold_in(base_key, int(reqs[0]["seed"])),
+                                     chunk_tokens=int(a.chunk_tokens), kv_mode=str(a.kv_mode))
         t0 = time.time()
-        results = fn(reqs, policy, cfg, tok)
+        results = env.rollouts(reqs, policy, tok)
         dt = time.time() - t0
         for r, (trajs, rs, infos) in zip(reqs, results):
             slot = int(r["slot"])
@@ -284,7 +290,6 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
                             tokens=gen, seconds=dt, min_version=lo, max_version=hi, start_version=int(start_version),
                             switches=int(policy.state["switches"]), reward=float(np.mean(rs)),
                             success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos]))))
-    workers.close_experiment_env()          # this worker's pooled sandboxes (env="experiment")
 
 
 # ----------------------------------------------------------------------------- worker pools
@@ -435,7 +440,9 @@ class Orchestrator:
 
     def __init__(self, cfg, run_dir: str | pathlib.Path, *, num_steps: int, pool: WorkerPool | None = None,
                  kill_trainer_at: int | None = None, max_trainer_restarts: int = 3):
-        validate_async_config(cfg)
+        from horizon.rl.checks import validate_async  # noqa: PLC0415  (checks imports the rl layer)
+
+        validate_async(cfg)
         self.cfg, self.run_dir = cfg, pathlib.Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.num_steps = int(num_steps)
@@ -493,7 +500,7 @@ class Orchestrator:
         self.pool.start_rollout_workers(self.cfg, str(self.run_dir), int(a.num_rollout_workers))
         next_slot = 0
         killed = False
-        max_outstanding = int(a.num_rollout_workers) * int(a.queue_depth)
+        max_outstanding = int(a.num_rollout_workers) * worker_queue_depth(self.cfg)
         try:
             while True:
                 v = weight_sync.latest_version(weights)
@@ -585,7 +592,7 @@ def run_sync_inprocess(cfg, run_dir, num_steps: int) -> dict:
 
     from horizon.data.tokenizer import ByteTokenizer  # noqa: PLC0415
     from horizon.rl import batch as rlbatch  # noqa: PLC0415
-    from horizon.rl import prompts, trainer, workers  # noqa: PLC0415
+    from horizon.rl import prompts, sampler, trainer, workers  # noqa: PLC0415
 
     run = pathlib.Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -593,8 +600,8 @@ def run_sync_inprocess(cfg, run_dir, num_steps: int) -> dict:
     tok = ByteTokenizer(int(cfg.model.vocab_size))
     psamp = prompts.PromptSampler(prompt_ids_for(cfg, num_steps * N), seed=int(cfg.seed))
     state = trainer.init_state(initial_params(cfg), cfg)
-    fn = workers.ROLLOUT_FNS[str(cfg.async_.env)]
-    base_key = jax.random.key(int(cfg.seed) + 1)
+    env = workers.ENVS[str(cfg.async_.env)](cfg)
+    base_key = run_keys(cfg.seed)["rollout"]
     t0 = time.time()
     out = []
     toks = 0
@@ -602,12 +609,12 @@ def run_sync_inprocess(cfg, run_dir, num_steps: int) -> dict:
         version, params = step, state.params
         reqs = [dict(slot=step * N + i, prompt_id=pid, seed=step * N + i) for i, pid in enumerate(psamp.sample(N, step))]
         recs = []
-        B = int(cfg.async_.slots_per_batch)       # the same batching as a rollout worker
+        B = batch_slots(cfg)                      # the same batching as a rollout worker
         for j in range(0, N, B):
-            pol = workers.make_inflight_policy(lambda p=params, v=version: (p, v), cfg,
-                                               jax.random.fold_in(base_key, reqs[j]["seed"]),
-                                               chunk_tokens=int(cfg.async_.chunk_tokens), kv_mode="keep")
-            recs += [(trajs, rs) for trajs, rs, _ in fn(reqs[j:j + B], pol, cfg, tok)]
+            pol = sampler.make_policy(lambda p=params, v=version: (p, v), cfg,
+                                      jax.random.fold_in(base_key, reqs[j]["seed"]),
+                                      chunk_tokens=int(cfg.async_.chunk_tokens), kv_mode="keep")
+            recs += [(trajs, rs) for trajs, rs, _ in env.rollouts(reqs[j:j + B], pol, tok)]
         toks += int(sum(t.num_generated_tokens for trajs, _ in recs for t in trajs))
         b = rlbatch.build_batch_from_config([r[0] for r in recs], np.asarray([r[1] for r in recs], np.float32), cfg)
         state, m = trainer.train_step(state, b, cfg=cfg)
@@ -615,7 +622,7 @@ def run_sync_inprocess(cfg, run_dir, num_steps: int) -> dict:
         out.append(rec)
         _jsonl(run / "sync.jsonl", rec)
     span = time.time() - t0
-    workers.close_experiment_env()
+    env.close()
     return dict(steps=num_steps, rewards=[r["reward_mean"] for r in out], times=[r["time"] for r in out],
                 generated_tokens=toks, rollout_tokens_per_s=toks / span, trainer_steps_per_s=num_steps / span,
                 wall_s=span)

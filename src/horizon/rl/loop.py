@@ -1,11 +1,9 @@
 """Synchronous RL on a procedural task family in sandboxes (SPEC §4, §6, §7).
 
 The shared core of experiments/rl.py (config-edit family, `make run`) and
-experiments/selfsum.py (key-recall family, three context strategies):
+experiments/selfsum.py (key-recall family, three context strategies); episodes, sandboxes and
+rewards come from the environment layer (`horizon.env.rollouts`: `SandboxPool`, `rollout_batch`):
 
-- `SandboxPool`: sandboxes created once (in threads) and reset per episode with one exec;
-- `rollout_batch`: one episode per task through the agent loop (`run_episodes`: batched
-  generation, tool calls in threads), verifier + `rewards.total_reward`;
 - `evaluate`: `passes` sampled passes over held-out tasks; the std over passes is the
   eval noise, best-of-K = tasks solved by any pass; efficiency stats per episode;
 - `run_sft`: next-token CE on demonstration rows (assistant tokens only), rows packed
@@ -23,7 +21,6 @@ from __future__ import annotations
 import json
 import pathlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import jax
@@ -31,129 +28,31 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from horizon.agent import Segment, run_episodes
 from horizon.data.packing import pack_sequences
 from horizon.rl import batch as rlbatch
-from horizon.rl import prompts, rewards, sampler, trainer
-from horizon.tasks import verify
-from horizon.tasks.families import Family, make_episode
+from horizon.rl import losses, prompts, sampler, trainer
+from horizon.env.families import Family
+from horizon.env.rollouts import SandboxPool, rollout_batch
 from horizon.train import lm
 from horizon.train.checkpoint import Checkpointer
-from horizon.utils.config import merge_experiment  # noqa: F401  (re-exported: loop.merge_experiment)
 
 Log = Callable[[dict], None]
 
 
-def load_experiment(path: str, sets=(), *, env: str) -> ml_collections.ConfigDict:
-    """An experiment config (configs/rl_tiny.py style) with `--set`s applied, the agent section
-    added (configs/agent_tiny.py when the file has none), the `exp` overrides merged, and the
-    checks every driver needs. `env` is the task family the calling driver runs."""
-    from horizon.utils.config import apply_overrides, load_config_file
-
-    c = load_config_file(path)
-    apply_overrides(c, sets)
-    if "exp" not in c:
-        raise ValueError(f"{path} has no `exp` section (see configs/rl_tiny.py's experiment block)")
-    if c.exp.env != env:
-        raise ValueError(f"{path}: this driver runs exp.env={env!r}, got {c.exp.env!r}")
-    if "agent" not in c:
-        c.agent = load_config_file(pathlib.Path(path).with_name("agent_tiny.py")).agent
-    if int(c.exp.steps) < 1:
-        raise ValueError(f"exp.steps must be >= 1 (RL steps; the step-0 eval always runs), got {c.exp.steps}")
-    merge_experiment(c)
-    if c.exp.pool_size < c.rl.group_size * c.rl.prompts_per_step:
-        raise ValueError("exp.pool_size must hold one step's rollouts (group_size * prompts_per_step)")
-    if c.agent.max_context_tokens > c.model.max_seq_len:
-        raise ValueError("agent.max_context_tokens must fit model.max_seq_len")
-    return c
-
-
-def start_run(config: str, sets, out: str | None, *, env: str):
-    """The common start of a driver: `load_experiment`, the run dir (`out` or `exp.out_dir`) with
-    config.json, the XLA compilation cache, tokenizer, metrics log, task family.
-    Returns (c, out_dir, tok, log, family)."""
+def start_run(c: ml_collections.ConfigDict):
+    """The common start of a driver, after `horizon.utils.cli.load` has parsed and validated `c`:
+    the run dir `exp.out_dir` with config.json, the XLA compilation cache, tokenizer, metrics log,
+    task family. Returns (out_dir, tok, log, family)."""
     from horizon.data.tokenizer import ByteTokenizer
-    from horizon.tasks.families import family_from_config
+    from horizon.env.families import family_from_config
     from horizon.utils.config import dump_config
 
-    c = load_experiment(config, sets, env=env)
-    out_dir = pathlib.Path(out or c.exp.out_dir)
+    out_dir = pathlib.Path(c.exp.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(c, out_dir / "config.json")
-    if c.train.get("compilation_cache_dir"):
-        jax.config.update("jax_compilation_cache_dir", str(c.train.compilation_cache_dir))
-    return c, out_dir, ByteTokenizer(c.model.vocab_size), JsonlLog(out_dir / "metrics.jsonl"), family_from_config(c.exp)
-
-
-def experiment_keys(c) -> dict:
-    """The run's PRNG keys from `c.seed` (init / rl / check): shared by the drivers, so
-    experiments/rl_async.py rebuilds experiments/rl.py's SFT init bit for bit."""
-    names = ("init", "rl", "check")
-    return dict(zip(names, jax.random.split(jax.random.key(int(c.seed)), len(names))))
-
-
-class SandboxPool:
-    """`n` sandboxes of `backend` created in parallel and reused across episodes."""
-
-    def __init__(self, n: int, backend: str, *, cpus: float, mem: str, workers: int):
-        from horizon.sandbox import open_sandbox
-
-        self.workers = int(workers)
-        limits = dict(cpus=float(cpus), mem_limit=str(mem)) if backend == "docker" else {}
-        image = "horizon-sandbox:base" if backend == "docker" else None
-        if backend == "docker":   # sandboxes are made in worker threads: install SIGTERM cleanup here
-            from horizon.sandbox.docker import install_cleanup_hooks
-
-            install_cleanup_hooks()
-        with ThreadPoolExecutor(self.workers) as ex:
-            self.boxes = list(ex.map(lambda _: open_sandbox(backend, image, **limits), range(int(n))))
-
-    @classmethod
-    def from_config(cls, c, n: int | None = None) -> "SandboxPool":
-        e = c.exp
-        return cls(int(n or e.pool_size), e.backend, cpus=e.sandbox_cpus, mem=e.sandbox_mem,
-                   workers=int(c.agent.num_tool_workers))
-
-    def map(self, fn, *its):
-        with ThreadPoolExecutor(self.workers) as ex:
-            return list(ex.map(fn, *its))
-
-    def close(self):
-        try:
-            self.map(lambda b: b.close(), self.boxes)
-        except RuntimeError:        # at interpreter exit (atexit) no new threads: one by one
-            for b in self.boxes:
-                b.close()
-
-
-def trim_segment(seg: Segment) -> Segment:
-    """Drop tokens after the last model token (the final observation): they carry no loss and,
-    the model being causal, do not change any trained log-prob; keeps rows in fewer buckets."""
-    hit = np.nonzero(np.asarray(seg.loss_mask))[0]
-    n = int(hit[-1]) + 1 if len(hit) else len(seg.tokens)
-    ri = None if seg.router_indices is None else seg.router_indices[:, :n]
-    return Segment(seg.tokens[:n], seg.loss_mask[:n], seg.logprobs[:n], seg.policy_versions[:n], ri)
-
-
-def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
-    """One episode per task (len(tasks) <= pool size) -> (trajectories, rewards, infos)."""
-    if len(tasks) > len(pool.boxes):
-        raise ValueError(f"{len(tasks)} tasks for a pool of {len(pool.boxes)} sandboxes")
-    boxes = pool.boxes[:len(tasks)]
-    pool.map(family.reset, boxes, tasks)
-    eps = [make_episode(family, t, sb, tok, c.agent) for t, sb in zip(tasks, boxes)]
-    steps = 2 * (int(c.agent.max_turns) + int(c.agent.max_malformed_calls)) + 8
-    trajs = run_episodes(policy, eps, max_steps=steps, num_tool_workers=pool.workers)
-    for tr in trajs:
-        tr.segments = [trim_segment(sg) for sg in tr.segments]
-    vs = pool.map(lambda t, sb, tr: verify(t, sb, tr.final_answer, timeout=float(c.exp.verify_timeout_s),
-                                           check_edits=family.check_edits), tasks, boxes, trajs)
-    rs, infos = [], []
-    for tr, v in zip(trajs, vs):
-        r, info = rewards.total_reward(v.reward, tr.stats, c.rl)
-        rs.append(float(r))
-        infos.append(dict(info, verifier=v.reward, end=tr.end_reason, gen_tokens=tr.num_generated_tokens, **tr.stats))
-    return trajs, rs, infos
+    if c.exp.get("compilation_cache_dir"):
+        jax.config.update("jax_compilation_cache_dir", str(c.exp.compilation_cache_dir))
+    return out_dir, ByteTokenizer(c.model.vocab_size), JsonlLog(out_dir / "metrics.jsonl"), family_from_config(c.exp)
 
 
 EFFICIENCY_KEYS = ("gen_tokens", "summaries", "summary_tokens", "tool_calls", "turns", "malformed_calls")
@@ -183,7 +82,7 @@ def evaluate(family: Family, params, tasks, pool: SandboxPool, c, tok, key, vers
     eff["eval_tokens_per_summary"] = float(sum(x["summary_tokens"] for x in infos) / n_sum) if n_sum else None
     return dict(heldout_mean=float(per_pass.mean()),
                 heldout_std=float(per_pass.std(ddof=1)) if passes > 1 else 0.0,
-                heldout_best_of_k=float(solved.max(axis=0).mean()), heldout_passes=per_pass.tolist(), **eff)
+                heldout_best_of_k=float(losses.mean_group_max(solved.T)), heldout_passes=per_pass.tolist(), **eff)
 
 
 # ----------------------------------------------------------------------------- SFT
@@ -213,7 +112,7 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
         ck.close()
         if int(got[1]["step"]) != int(s.steps):     # checkpoints are written at the end only: a finished run
             raise ValueError(f"{out / name} holds a finished {got[1]['step']}-step SFT but this config asks for "
-                             f"{s.steps} steps: remove that directory or pick another --out")
+                             f"{s.steps} steps: remove that directory or pick another --config.exp.out_dir")
         print(f"{name}: restored step {got[1]['step']} from {out / name}", flush=True)
         return got[0].params
     if callable(rows):
@@ -273,13 +172,13 @@ def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, l
 
 def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
     """experiments/rl.py's SFT stage, from `transformer.init(key_init)` into out/<name>:
-    `two_stage_sft` on the same `exp.n_sft_tasks` train tasks (`families.config_edit_demos`).
+    `two_stage_sft` on the same `exp.n_sft_tasks` train tasks (`horizon.env.demos.config_edit_demos`).
     Stage 1 (correct demos) is where the tiny model learns to copy the prompt's value (a phase
     transition that, on demos where half the values are wrong, came anywhere between ~600 and
     >800 steps depending on the seed); stage 2 (`exp.sft.corrupt_prob`, `exp.sft.corrupt`) adds
     the demonstrator's systematic error."""
     from horizon.model import transformer
-    from horizon.tasks.families import config_edit_demos
+    from horizon.env.demos import config_edit_demos
 
     tasks = family.tasks("train", int(c.exp.n_sft_tasks))
 
@@ -294,27 +193,44 @@ def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, 
 def _sft_state(params, c):
     """(the SFT train config, a fresh `lm.TrainState` of `params`): also the restore template."""
     s = c.exp.sft
-    sc = ml_collections.ConfigDict(dict(model=c.model, train=s.optim))
-    sc.train.steps = int(s.steps)
-    sc.train.warmup_steps = min(int(sc.train.warmup_steps), int(s.steps) - 1)
+    train = ml_collections.ConfigDict(s.optim.to_dict())
+    train.steps = int(s.steps)            # the schedule spans this stage (checks.validate_sft: warmup < steps)
+    sc = ml_collections.ConfigDict(dict(model=c.model, train=train))
     opt = lm.optimizer(params, sc)
     return sc, lm.TrainState(jnp.zeros((), jnp.int32), params, opt.init(params), jax.random.PRNGKey(0))
 
 
 def load_sft_params(c, directory: str | pathlib.Path):
     """The params of the finished SFT checkpoint `run_sft` wrote to `directory` (e.g.
-    runs/rl_tiny/sft): the warm start other drivers (experiments/rl_async.py, eval) reuse."""
-    from horizon.model import transformer
+    runs/rl_tiny/sft): the warm start other drivers (experiments/rl_async.py, eval) reuse.
+    (`train.checkpoint.restore_params`, the one loader.)"""
+    from horizon.train.checkpoint import restore_params
 
-    template = jax.eval_shape(lambda: _sft_state(transformer.init(jax.random.key(0), c.model), c)[1])
-    ck = Checkpointer(pathlib.Path(directory), every=1, keep=1)
     try:
-        got = ck.restore_latest(template)
-    finally:
-        ck.close()
-    if got is None:
-        raise FileNotFoundError(f"no SFT checkpoint in {directory} (run experiments/rl.py, or run_sft, first)")
-    return got[0].params
+        return restore_params(directory, c.model)[0]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no SFT checkpoint in {directory} (run experiments/rl.py, or run_sft, first)") from None
+
+
+def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
+    """Make the SFT checkpoint `directory` with experiments/rl.py's SFT stage (same seed, demos and
+    init, `config_edit_warm_start`) if it is missing (experiments/rl_async.py's warm start)."""
+    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.env.families import family_from_config
+    from horizon.utils.seeds import run_keys
+
+    d = pathlib.Path(directory)
+    try:
+        load_sft_params(c, d)
+        return
+    except FileNotFoundError:
+        pass
+    print(f"no SFT checkpoint in {d}: running experiments/rl.py's SFT stage there", flush=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    log = JsonlLog(d.parent / "sft_metrics.jsonl")
+    config_edit_warm_start(c, family_from_config(c.exp), ByteTokenizer(c.model.vocab_size), d.parent, log,
+                           run_keys(c.seed)["init"], name=d.name)
+    log.close()
 
 
 def tok_pad(c) -> int:
@@ -336,7 +252,7 @@ def run_rl(params, family: Family, pool: SandboxPool, c, tok, out: pathlib.Path,
     # train_step donates its state: copy, so the caller's `params` (e.g. one SFT checkpoint shared
     # by several runs, experiments/selfsum.py) stay valid
     state = trainer.init_state(jax.tree.map(jnp.copy, params), c)
-    ck = Checkpointer(out / "ckpt", every=max(1, int(c.train.checkpoint_every)), keep=int(c.train.max_checkpoints))
+    ck = Checkpointer(out / "ckpt", every=int(c.rl.checkpoint_every), keep=int(c.rl.max_checkpoints))
     start = 0
     got = ck.restore_latest(state)
     if got is not None:

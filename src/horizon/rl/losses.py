@@ -54,6 +54,17 @@ LOSS_AGGS = ("token_sum", "seq_mean", "token_mean")
 
 
 # ----------------------------------------------------------------------------- advantages
+def mean_group_max(x: Float[Array, "groups k"], valid: Float[Array, " groups"] | None = None) -> Float[Array, ""]:
+    """Best-of-K as the report plots it: the mean over groups (prompts, or held-out tasks) of the
+    max over the group's K samples (rollouts, or eval passes), over the `valid` groups. With
+    0/1 success this is the fraction of groups solved by any of K samples, i.e. pass@K at n = K
+    (the unbiased pass@k for k < n is `horizon.eval.harness.pass_at_k`). Works on numpy too."""
+    m = x.max(axis=1)
+    if valid is None:
+        return m.mean()
+    return (m * valid).sum() / jnp.maximum(valid.sum(), 1.0)
+
+
 def group_advantages(
     rewards: Float[Array, "n"] | Float[Array, "groups group_size"],
     *,

@@ -32,9 +32,9 @@ from typing import Callable, Mapping
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-STATS_KEYS = (
+STATS_KEYS = (      # the one list: the agent loop (horizon.agent.rollout) fills exactly these per episode
     "thinking_tokens", "tool_call_tokens", "tool_output_tokens", "final_tokens",
-    "tool_calls", "turns", "summaries", "todos_created", "todos_completed", "malformed_calls",
+    "tool_calls", "turns", "summaries", "todos_created", "todos_completed", "malformed_calls", "summary_tokens",
 )
 # Stats entering the effort x, and the name of their weight in cfg.weights.
 EFFORT_WEIGHTS = {

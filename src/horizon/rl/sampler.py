@@ -25,6 +25,23 @@ run with ``temperature=1, top_p=1`` for exactly on-policy samples.
 
 Shapes are bucketed (powers of two, with config minimums) for batch, prompt length and
 generation length so the prefill and step functions compile once per bucket.
+
+In-flight weight updates (SPEC §4.1, PipelineRL). With `poll() -> (params, version)` instead
+of fixed params, `generate` checks for newer weights every `chunk_tokens` decode steps and
+switches to them *mid-generation*. Every generated token is tagged with the version whose
+weights produced the logits it was sampled from (`versions[i]`), and its recorded logprob is
+that version's, so the trainer's importance ratio compares against the policy that actually
+sampled each token. Two KV-cache policies at a switch (`kv_mode`):
+
+* ``"keep"`` (default, PipelineRL): keep the KV cache computed by the old weights and continue
+  with the new ones. Cheapest; the new tokens' logits see old-weight keys/values of the prefix.
+  The token already sampled when the switch happens keeps the old version.
+* ``"recompute"``: drop the pending token, re-prefill prompt + generated tokens with the new
+  weights (one prefill of the whole row) and sample the next token from that: tokens after the
+  switch are exactly the new policy's samples; one prefill per switch. Router indices of the
+  re-prefilled generated tokens are replaced by the new prefill's routing.
+
+Without a switch the two are the same computation, with the same keys, as fixed params.
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ from horizon.model import transformer
 
 _TOK = ByteTokenizer()
 DEFAULT_STOP_TOKENS = (_TOK.END_TURN, _TOK.EOS)
+KV_MODES = ("keep", "recompute")
 
 
 @dataclasses.dataclass
@@ -56,6 +74,8 @@ class SampleOutput:
     router_indices[i]: int32 [L_moe, m_i, k] experts that processed each generated token.
     prompt_router_indices[i]: int32 [L_moe, n_i, k] experts of the prompt tokens at prefill.
     stopped[i]: True if a stop token ended the sequence, False if max_new_tokens did.
+    versions[i]: int32 [m_i] weights version that sampled each token (in-flight updates).
+    switches: weight switches during the call (0 without `poll`).
     """
 
     tokens: list[np.ndarray]
@@ -63,6 +83,8 @@ class SampleOutput:
     router_indices: list[np.ndarray]
     prompt_router_indices: list[np.ndarray]
     stopped: list[bool]
+    versions: list[np.ndarray] = dataclasses.field(default_factory=list)
+    switches: int = 0
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -96,7 +118,9 @@ def sample_from_logits(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _prefill(params, cache, tokens, lengths, key, temperature, top_p, *, cfg):
+def prefill(params, cache, tokens, lengths, key, temperature, top_p, *, cfg):
+    """Prefill left-aligned padded prompts: (cache, first sampled token, its logprob, prompt routing).
+    `cfg` is the model config as a FrozenConfigDict (`frozen_model_cfg`)."""
     b, p = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     logits, cache, aux = transformer.decode(params, cache, tokens, positions, cfg=cfg)
@@ -106,19 +130,21 @@ def _prefill(params, cache, tokens, lengths, key, temperature, top_p, *, cfg):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
-def _step(params, cache, tok, pos, key, temperature, top_p, *, cfg):
+def decode_step(params, cache, tok, pos, key, temperature, top_p, *, cfg):
+    """Feed `tok` at `pos` (recording its routing) and sample the next token; donates `cache`."""
     logits, cache, aux = transformer.decode(params, cache, tok[:, None], pos[:, None], cfg=cfg)
     nxt, lp = sample_from_logits(logits[:, 0], key, temperature, top_p)
     return cache, nxt, lp, aux["router_indices"]
 
 
-def _frozen(cfg) -> ml_collections.FrozenConfigDict:
+def frozen_model_cfg(cfg) -> ml_collections.FrozenConfigDict:
+    """The model config as a hashable FrozenConfigDict (the jitted steps' static argument)."""
     c = transformer.model_cfg(cfg)
     return c if isinstance(c, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(c)
 
 
 def generate(
-    params: dict,
+    params: dict | None,
     prompts: Sequence[np.ndarray],
     key: jax.Array,
     *,
@@ -131,6 +157,10 @@ def generate(
     min_prompt_bucket: int = 16,
     min_new_bucket: int = 16,
     place: Callable | None = None,
+    version: int = 0,
+    poll: Callable[[], tuple[dict, int]] | None = None,
+    chunk_tokens: int = 0,
+    kv_mode: str = "keep",
 ) -> SampleOutput:
     """Sample continuations of `prompts` (1-D int token arrays) with the latent KV cache.
 
@@ -138,11 +168,23 @@ def generate(
     the layout, logprob and routing conventions. Deterministic in `key`. `place(cache, tokens,
     lengths) -> (cache, tokens, lengths)`, if given, places the padded batch before prefill (e.g.
     `horizon.parallel.sharded.make_generate` shards it over a mesh; the jitted steps then run
-    partitioned and keep that layout).
+    partitioned and keep that layout). Tokens are tagged with `version`; or, with
+    `poll() -> (params, version)` (and `params=None`), weights come from `poll` and may switch
+    every `chunk_tokens` steps (in-flight updates, module docstring; `kv_mode` "keep" |
+    "recompute").
     """
-    mcfg = _frozen(cfg)
+    mcfg = frozen_model_cfg(cfg)
+    if poll is not None:
+        if params is not None:
+            raise ValueError("pass either params or poll, not both")
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1 with poll, got {chunk_tokens}")
+    elif params is None:
+        raise ValueError("generate needs params (or a poll function)")
+    if kv_mode not in KV_MODES:
+        raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     if not prompts:
-        return SampleOutput([], [], [], [], [])
+        return SampleOutput([], [], [], [], [], [], 0)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not 0.0 < top_p <= 1.0:
@@ -167,35 +209,51 @@ def generate(
     lens_b = np.ones((B,), np.int32)
     lens_b[:n] = lens
 
+    if poll is not None:
+        params, version = poll()
     cache = transformer.init_cache(mcfg, B, P + N)
     toks_j, lens_j = jnp.asarray(toks), jnp.asarray(lens_b)
     if place is not None:
         cache, toks_j, lens_j = place(cache, toks_j, lens_j)
     key, k0 = jax.random.split(key)
     temp, tp = jnp.float32(temperature), jnp.float32(top_p)
-    cache, tok, lp, prompt_ri = _prefill(params, cache, toks_j, lens_j, k0, temp, tp, cfg=mcfg)
+    cache, tok, lp, prompt_ri = prefill(params, cache, toks_j, lens_j, k0, temp, tp, cfg=mcfg)
+    tok_version = version                 # the version that sampled the pending token `tok`
     stops = np.asarray(list(stop_tokens), np.int32)
     L_moe = prompt_ri.shape[0]
     k = prompt_ri.shape[-1]
     out_tok = np.zeros((B, max_new_tokens), np.int32)
     out_lp = np.zeros((B, max_new_tokens), np.float32)
+    out_ver = np.full((B, max_new_tokens), -1, np.int32)
     out_ri = np.zeros((L_moe, B, max_new_tokens, k), np.int32)
     m = np.zeros((B,), np.int32)          # generated so far
     done = np.zeros((B,), bool)
     done[n:] = True                       # padding rows
     stopped = np.zeros((B,), bool)
+    switches = 0
     for j in range(max_new_tokens):
+        if poll is not None and j > 0 and j % chunk_tokens == 0:
+            new_params, new_version = poll()
+            if new_version != version:
+                params, version = new_params, new_version
+                switches += 1
+                if kv_mode == "recompute":
+                    key, cache, tok, lp = _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, P + N, key,
+                                                     temp, tp, mcfg)
+                    tok_version = version
         tok_h, lp_h = np.asarray(tok), np.asarray(lp)
         live = ~done
         out_tok[live, j] = tok_h[live]
         out_lp[live, j] = lp_h[live]
+        out_ver[live, j] = tok_version
         m[live] += 1
         hit = live & np.isin(tok_h, stops)
         stopped |= hit
         # feed token j (records its routing) and sample token j+1
         key, kj = jax.random.split(key)
         pos = jnp.asarray(lens_b + j)
-        cache, tok, lp, ri = _step(params, cache, tok, pos, kj, temp, tp, cfg=mcfg)
+        cache, tok, lp, ri = decode_step(params, cache, tok, pos, kj, temp, tp, cfg=mcfg)
+        tok_version = version
         out_ri[:, live, j] = np.asarray(ri)[:, live]
         done |= hit
         if done.all():
@@ -207,7 +265,29 @@ def generate(
         router_indices=[out_ri[:, i, : m[i]].copy() for i in range(n)],
         prompt_router_indices=[prompt_ri[:, i, : lens[i]].copy() for i in range(n)],
         stopped=[bool(s) for s in stopped[:n]],
+        versions=[out_ver[i, : m[i]].copy() for i in range(n)],
+        switches=switches,
     )
+
+
+def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp, mcfg):
+    """kv_mode="recompute" at a weight switch: prefill prompt + generated tokens with the new
+    weights, sample the pending token again, and overwrite the generated tokens' routing with
+    the new prefill's (in place in `out_ri`). Returns (key, cache, tok, lp)."""
+    B, P = toks.shape
+    L_moe, k = out_ri.shape[0], out_ri.shape[-1]
+    full = np.full((B, total), _TOK.PAD, np.int32)
+    full[:, :P] = toks
+    for i in range(B):
+        full[i, lens_b[i]: lens_b[i] + m[i]] = out_tok[i, : m[i]]
+    cache = transformer.init_cache(mcfg, B, total)
+    key, kr = jax.random.split(key)
+    cache, tok, lp, ri_full = prefill(params, cache, jnp.asarray(full), jnp.asarray(lens_b + m), kr, temp, tp,
+                                       cfg=mcfg)
+    ri_full = np.asarray(ri_full).reshape(L_moe, B, total, k)
+    for i in range(n):
+        out_ri[:, i, : m[i]] = ri_full[:, i, lens_b[i]: lens_b[i] + m[i]]
+    return key, cache, tok, lp
 
 
 def sampler_kwargs_from_config(cfg) -> dict:
@@ -246,29 +326,44 @@ class ParamsHolder:
         return self.get()[1]
 
 
-def make_policy(params_ref: ParamsHolder, cfg, key: jax.Array, **overrides) -> Callable:
+def make_policy(params_ref: ParamsHolder | Callable[[], tuple[dict, int]], cfg, key: jax.Array, *,
+                chunk_tokens: int = 0, kv_mode: str = "keep", **overrides) -> Callable:
     """Adapter to the agent's batched policy interface (horizon.agent).
 
-    Returns ``policy(contexts: list[np.ndarray], max_new_tokens) -> list[Generation]``; the
+    Returns ``policy(contexts: list[np.ndarray], max_new_tokens) -> list[Generation]``; each
     Generation carries tokens, untempered logprobs, router indices [L_moe, m, k] and the
-    policy version of the weights used. Each call consumes a fresh split of `key`
-    (deterministic sequence of calls => deterministic samples). `cfg` is the full config
-    (model + `rl.sampler`); `overrides` replace sampler kwargs (e.g. temperature=0).
+    per-token policy version of the weights that sampled them. `params_ref` is a `ParamsHolder`
+    (weights read once per call: a swap takes effect at the next call, between turns) or a
+    `poll() -> (params, version)` function, polled every `chunk_tokens` decode steps (in-flight
+    updates inside a generation, `kv_mode`; e.g. `horizon.rl.workers.WeightSource.poll`). Each
+    call consumes a fresh split of `key` (deterministic sequence of calls => deterministic
+    samples). `cfg` is the full config (model + `rl.sampler`); `overrides` replace sampler kwargs
+    (e.g. temperature=0). `policy.state` counts weight switches and generated tokens.
     """
     from horizon.agent import Generation  # the agent owns the type
 
     kwargs = sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
     kwargs.update(overrides)
-    state = {"key": key}
+    state = {"key": key, "switches": 0, "tokens": 0}
     lock = threading.Lock()
+    inflight = not isinstance(params_ref, ParamsHolder)
 
     def policy(contexts: list[np.ndarray], max_new_tokens: int) -> list:
         with lock:
             state["key"], sub = jax.random.split(state["key"])
-        params, version = params_ref.get()
-        out = generate(params, contexts, sub, cfg=cfg, max_new_tokens=max_new_tokens, **kwargs)
-        return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=version)
-                for t, lp, ri in zip(out.tokens, out.logprobs, out.router_indices)]
+        if inflight:
+            out = generate(None, contexts, sub, cfg=cfg, max_new_tokens=max_new_tokens, poll=params_ref,
+                           chunk_tokens=chunk_tokens, kv_mode=kv_mode, **kwargs)
+            versions = out.versions                     # per token: a switch may happen mid-generation
+        else:
+            params, version = params_ref.get()
+            out = generate(params, contexts, sub, cfg=cfg, max_new_tokens=max_new_tokens, version=version, **kwargs)
+            versions = [version] * len(out.tokens)      # one version per call
+        state["switches"] += out.switches
+        state["tokens"] += int(sum(len(t) for t in out.tokens))
+        return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=v)
+                for t, lp, ri, v in zip(out.tokens, out.logprobs, out.router_indices, versions)]
 
     policy.params_ref = params_ref
+    policy.state = state
     return policy

@@ -138,7 +138,7 @@ def _reward_metrics(batch) -> dict:
     n = jnp.maximum(gv.sum(), 1.0)
     r = batch["group_rewards"]
     return dict(reward_mean=jnp.sum(r.mean(axis=1) * gv) / n,
-                best_of_k=jnp.sum(r.max(axis=1) * gv) / n,
+                best_of_k=losses.mean_group_max(r, gv),
                 reward_std=jnp.sum(r.std(axis=1) * gv) / n)
 
 

@@ -26,23 +26,16 @@ oldest turns first). The env's one tool is `read(path)` (SPEC §5 per-environmen
 sets), executed in the sandbox (`cat`). Everything is deterministic in the seed; held-out
 tasks are unseen seeds (>= `HELDOUT_SEED_START`).
 
-`DemoPolicy` writes demonstrations for SFT the way a model would act: it reads only the
-context (the key from the key.txt observation or a previous summary, progress from the
-last `read` call or the summary) and, with probability `corrupt_prob`, writes a lossy
-summary (a decoy or random key). The final answer copies whatever key the context holds,
-so a lossy summary costs the chain its reward: that is the signal RL through summaries
-learns from (SPEC §6: the final reward applies to every token of the chain).
+This module is data and rules only (tasks, the env's tool, the patterns a summary or log line
+follows); the demonstrator that acts in the agent loop (`horizon.env.demos.KeyRecallDemoPolicy`)
+and the family wiring (`horizon.env.families`) sit above the agent layer.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 import shlex
-import zlib
-
-import numpy as np
 
 from horizon.tasks.synthetic import synthetic_seeds
 from horizon.tasks.task import Task
@@ -66,10 +59,10 @@ SUMMARY_HEADER = "Summary: "
 STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
 _PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 KEY_RE = re.compile(r"key #([A-Z])")               # "key #Q", in the file and in summaries; not decoys
-DECOY_TEMPLATE = "old {} revoked"                   # a decoy log line: written by `_log`, read by `DemoPolicy`
-_DECOY_RE = re.compile(re.escape(DECOY_TEMPLATE).replace(r"\{\}", "([A-Z])"))
-_LAST_RE = re.compile(r"(?:last|current:) (\d+)\.log")
-_READ_RE = re.compile(r"<parameter=path>(?:/workspace/)?(\d+)\.log</parameter>")
+DECOY_TEMPLATE = "old {} revoked"                   # a decoy log line: written by `_log`, read by the demonstrator
+DECOY_RE = re.compile(re.escape(DECOY_TEMPLATE).replace(r"\{\}", "([A-Z])"))
+LAST_RE = re.compile(r"(?:last|current:) (\d+)\.log")
+READ_RE = re.compile(r"<parameter=path>(?:/workspace/)?(\d+)\.log</parameter>")
 _ID_RE = re.compile(r"keyrecall_(\d+)")
 _FILLER = "abcdefghijklmnop"
 
@@ -145,80 +138,7 @@ def key_recall_registry(strict: bool = True) -> ToolRegistry:
     return ToolRegistry([READ_TOOL], strict=strict)
 
 
-# ----------------------------------------------------------------------------- demonstrations
-def _text_of(context, tok) -> tuple[str, str]:
-    """(whole context text, last non-assistant message text)."""
-    from horizon.agent.prompt import split_turns
-
-    turns = split_turns(context, tok)
-    last = next((t for r, t in reversed(turns) if r != "assistant"), "")
-    return "\n".join(t for _, t in turns), last
-
-
-def _n_logs(text: str) -> int:
+def n_logs_of(text: str) -> int:
+    """The number of logs a key-recall prompt asks for (0 if `text` holds no such prompt)."""
     m = re.search(r"then 1\.log to (\d+)\.log", text)
     return int(m.group(1)) if m else 0
-
-
-@dataclasses.dataclass
-class DemoPolicy:
-    """Scripted demonstrator that acts from the context only (module docstring).
-
-    `corrupt_prob`: probability that a summary writes a wrong key (a decoy seen in the
-    context if any, else a random key). Deterministic: the draw is a hash of (seed, context)."""
-
-    tok: object
-    corrupt_prob: float = 0.0
-    seed: int = 0
-    key_alphabet: str = KEY_ALPHABET
-
-    def _rng(self, text: str) -> random.Random:
-        return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
-
-    def _key(self, text: str, rng: random.Random) -> str:
-        keys = KEY_RE.findall(text)
-        return keys[-1] if keys else rng.choice(self.key_alphabet)   # not in context: a guess
-
-    def _last_log(self, text: str) -> int:
-        reads = [int(x) for x in _READ_RE.findall(text)] + [int(x) for x in _LAST_RE.findall(text)]
-        return max(reads) if reads else 0
-
-    def summary(self, text: str, compaction: bool) -> str:
-        rng = self._rng(text)
-        key = self._key(text, rng)
-        if rng.random() < self.corrupt_prob:             # a lossy summary
-            decoys = [d for d in _DECOY_RE.findall(text) if d != key]
-            key = rng.choice(decoys or [k for k in self.key_alphabet if k != key])
-        last, n = self._last_log(text), _n_logs(text)
-        if not compaction:
-            return f"<summary>key {KEY_MARK}{key}, last {last}.log</summary>"
-        pending = " ".join(f"{i}.log" for i in range(last + 1, n + 1)) or "none"
-        done = " ".join([KEY_FILE] + [f"{i}.log" for i in range(1, last + 1)])
-        nxt = f"read {last + 1}.log" if last < n else "reply key"
-        body = {"request": f"read key.txt, {n} logs; reply key", "concepts": "logs, key", "files": done,
-                "errors": "none", "solving": "read logs in order", "facts": f"key {KEY_MARK}{key}", "messages": "1 task",
-                "pending": pending, "current": f"{last}.log", "next": nxt}
-        return "<summary>" + "\n".join(f"{i} {s}: {body[s]}" for i, s in
-                                       enumerate(COMPACTION_SECTIONS, 1)) + "</summary>"
-
-    def act(self, context) -> str:
-        from horizon.tools.format import render_call, render_final
-
-        text, last_msg = _text_of(context, self.tok)
-        if last_msg in (SUMMARY_QUERY, COMPACTION_QUERY):
-            return self.summary(text, compaction=last_msg == COMPACTION_QUERY)
-        if self._last_log(text) == 0 and not KEY_RE.search(text):     # nothing read yet
-            return render_call("read", {"path": KEY_FILE})
-        last, n = self._last_log(text), _n_logs(text)
-        if last < n:
-            return render_call("read", {"path": f"{last + 1}.log"})
-        return render_final(KEY_MARK + self._key(text, self._rng(text)))
-
-    def __call__(self, contexts, max_new_tokens: int):
-        from horizon.agent.rollout import Generation
-
-        out = []
-        for ctx in contexts:
-            ids = np.asarray(self.tok.encode(self.act(ctx)) + [self.tok.END_TURN], np.int32)[:max_new_tokens]
-            out.append(Generation(ids, np.zeros(len(ids), np.float32), None, 0))
-        return out

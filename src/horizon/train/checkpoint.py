@@ -74,3 +74,35 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def restore_params(directory: str | pathlib.Path, model_cfg) -> tuple[Any, dict]:
+    """(params, meta) of the newest step in a `Checkpointer` directory whose `state` item holds
+    `params` (an lm TrainState, an RL RLState, or a dict): the one checkpoint-to-params loader
+    (SFT warm starts, eval, the async runtime). The tree and every shape must match
+    `model_cfg`'s params (one-line `ValueError` otherwise); values are cast to its dtypes.
+    `FileNotFoundError` when the directory or its steps are missing. meta gets `step` and `source`."""
+    from horizon.model import transformer
+
+    path = pathlib.Path(directory).resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint dir {path} does not exist")
+    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"))
+    try:
+        step = mngr.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint steps in {path}")
+        raw = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                         meta=ocp.args.JsonRestore()))
+    finally:
+        mngr.close()
+    state, meta = raw["state"], dict(raw["meta"] or {})
+    params = state["params"] if isinstance(state, dict) else state.params
+    abstract = jax.eval_shape(lambda k: transformer.init(k, model_cfg), jax.random.key(0))
+    if jax.tree.structure(params) != jax.tree.structure(abstract):
+        raise ValueError(f"checkpoint {path}/{step} params do not match the model config's param tree")
+    bad = [(a.shape, b.shape) for a, b in zip(jax.tree.leaves(abstract), jax.tree.leaves(params)) if a.shape != b.shape]
+    if bad:
+        raise ValueError(f"checkpoint {path}/{step} param shapes differ from the model config: {bad[:3]}")
+    params = jax.tree.map(lambda a, x: jax.numpy.asarray(x, a.dtype), abstract, params)
+    return params, dict(meta, step=int(step), source=str(path))

@@ -34,6 +34,39 @@ class TrainState(NamedTuple):
     rng: Array  # raw uint32[2] key (jax.random.PRNGKey), split once per step
 
 
+def validate_train_config(c: ml_collections.ConfigDict) -> None:
+    """experiments/pretrain.py's and quant_ablation.py's config (configs/tiny.py): model, data and
+    `train` fields checked before any directory or compile exists; `ConfigError` names the field."""
+    import pathlib
+
+    from horizon.parallel.mesh import require_one_device
+    from horizon.utils.config import need, need_float, need_int
+
+    transformer.validate_config(c.model)
+    require_one_device(c)
+    d, t = c.data, c.train
+    need_int(d, "seq_len", "data", lo=2)
+    need(int(d.seq_len) <= int(c.model.max_seq_len), "data.seq_len", d.seq_len,
+         f"must be <= model.max_seq_len={c.model.max_seq_len}")
+    need_int(d, "batch_size", "data", lo=1)
+    need_float(d, "heldout_fraction", "data", 0.0, 1.0, lo_open=True)
+    root = pathlib.Path(str(d.root) or ".")
+    need(root.is_dir(), "data.root", d.root, "no such directory")
+    for src in d.sources:
+        need((root / src).exists(), "data.sources", src, f"no such file or directory under {root}")
+    need(d.tokenizer == "byte" or pathlib.Path(str(d.tokenizer)).exists(), "data.tokenizer", d.tokenizer,
+         "must be 'byte' or a local tokenizer path")
+    steps = need_int(t, "steps", "train", lo=1)
+    need_float(t, "lr", "train", 0.0, lo_open=True)
+    w = need_int(t, "warmup_steps", "train", lo=0)
+    need(w < steps, "train.warmup_steps", w, f"must be < train.steps={steps}")
+    need_float(t, "min_lr_ratio", "train", 0.0, 1.0)
+    need_float(t, "grad_clip", "train", 0.0, lo_open=True)
+    for k in ("log_every", "eval_every", "eval_batches", "checkpoint_every", "max_checkpoints"):
+        need_int(t, k, "train", lo=1)
+    need(bool(str(t.output_dir)), "train.output_dir", t.output_dir, "must name a run directory")
+
+
 def trainable_mask(params: Any, cfg: ml_collections.ConfigDict) -> Any:
     """The model's mask (router_bias frozen); with `mtp_freeze_trunk` only `params["mtp"]` trains."""
     mask = transformer.trainable_mask(params)

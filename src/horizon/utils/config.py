@@ -1,9 +1,11 @@
-"""Config helpers: load sibling ml_collections config files and dump configs.
+"""Config helpers: load sibling ml_collections config files, dump configs, check values.
 
-Config files in `configs/` are plain Python files returning a `ConfigDict` from
-`get_config()`. They are loaded by path (as `ml_collections.config_flags` does), so a
-config that extends another one loads it through `sibling_config` instead of a
-package import.
+Config files in `configs/` are plain Python files returning the *complete* `ConfigDict` a run
+uses from `get_config()` (no run-time overlay: an override of any field is the value the run
+uses). They are loaded by path (as `ml_collections.config_flags` does), so a config that
+extends another one loads it through `sibling_config` instead of a package import. Command
+lines are parsed by `horizon.utils.cli`; every layer checks its own section with the helpers
+below and raises `ConfigError`, which a driver turns into one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -44,30 +46,6 @@ def dump_config(cfg: ml_collections.ConfigDict, path: str | pathlib.Path) -> Non
     pathlib.Path(path).write_text(json.dumps(config_to_dict(cfg), indent=2, sort_keys=True))
 
 
-def apply_overrides(cfg: ml_collections.ConfigDict, items: list[str]) -> ml_collections.ConfigDict:
-    """Apply `--set a.b=VALUE` overrides in place (VALUE parsed as JSON when it parses).
-
-    Unknown fields raise (a typo must not silently run the default); a JSON list assigned to a
-    tuple-valued field stays a tuple.
-    """
-    for item in items:
-        path, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set needs a.b=VALUE, got {item!r}")
-        *parents, leaf = path.split(".")
-        node = cfg
-        for name in parents:
-            node = node[name]
-        if leaf not in node:
-            raise KeyError(f"unknown config field {path!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node[leaf] = tuple(value) if isinstance(value, list) and isinstance(node[leaf], tuple) else value
-    return cfg
-
-
 def deep_merge(dst: ml_collections.ConfigDict, src: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Merge `src` into `dst` in place: nested ConfigDicts recursively, other values replaced."""
     for k, v in src.items():
@@ -78,13 +56,42 @@ def deep_merge(dst: ml_collections.ConfigDict, src: ml_collections.ConfigDict) -
     return dst
 
 
-def merge_experiment(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Apply an experiment block's overrides of the shared sections (`exp.model`, `exp.agent`,
-    `exp.rl` -> c.model / c.agent / c.rl; configs/rl_tiny.py) and size the RL schedule to
-    `exp.steps`. Idempotent."""
-    for name in ("model", "agent", "rl"):
-        if name in c.exp:
-            deep_merge(c[name], c.exp[name])
-    c.rl.optim.steps = int(c.exp.steps)
-    c.rl.optim.warmup_steps = min(int(c.rl.optim.warmup_steps), max(0, int(c.exp.steps) - 1))
-    return c
+class ConfigError(ValueError):
+    """A config value a run cannot use. The message is one line naming the field, the value and
+    what is allowed (`horizon.utils.cli` prints it and exits 2 before any work starts)."""
+
+
+def need(cond: bool, field: str, value: Any, allowed: str) -> None:
+    """Raise `ConfigError("field=value: allowed")` unless `cond`."""
+    if not cond:
+        raise ConfigError(f"{field}={value!r}: {allowed}")
+
+
+def need_int(section, name: str, prefix: str, lo: int | None = None, hi: int | None = None) -> int:
+    """`section[name]` as an int in [lo, hi] (either bound optional); bools are not ints here."""
+    v = section[name]
+    field = f"{prefix}.{name}"
+    need(isinstance(v, int) and not isinstance(v, bool), field, v, "must be an integer")
+    if lo is not None or hi is not None:
+        rng = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+        need((lo is None or v >= lo) and (hi is None or v <= hi), field, v, f"must be in {rng}")
+    return v
+
+
+def need_float(section, name: str, prefix: str, lo: float | None = None, hi: float | None = None, *,
+               lo_open: bool = False) -> float:
+    """`section[name]` as a number in [lo, hi] (`lo_open`: (lo, hi])."""
+    v = section[name]
+    field = f"{prefix}.{name}"
+    need(isinstance(v, (int, float)) and not isinstance(v, bool), field, v, "must be a number")
+    ok_lo = lo is None or (v > lo if lo_open else v >= lo)
+    ok_hi = hi is None or v <= hi
+    rng = f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    need(ok_lo and ok_hi, field, v, f"must be in {rng}")
+    return float(v)
+
+
+def need_choice(section, name: str, prefix: str, choices) -> str:
+    v = section[name]
+    need(v in tuple(choices), f"{prefix}.{name}", v, f"must be one of {tuple(choices)}")
+    return v

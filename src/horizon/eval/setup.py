@@ -1,0 +1,105 @@
+"""The eval driver's config (configs/eval_tiny.py, SPEC §7): its task list, tool registry, system
+prompt and checkpoints, and `validate_eval_config`, which checks all of them (paths included)
+before experiments/eval.py creates its output dir or opens a sandbox."""
+
+from __future__ import annotations
+
+import pathlib
+
+from horizon.agent import validate_agent_config
+from horizon.model import transformer
+from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
+
+
+def build_tasks(e):
+    """The eval task list from `c.eval` (see configs/eval_tiny.py)."""
+    if e.task_source == "synthetic":
+        from horizon.tasks.synthetic import make_synthetic_tasks
+        opts = e.get("task_options") or {}
+        return make_synthetic_tasks(e.task_split, int(e.num_tasks), int(e.task_start),
+                                    **{k: tuple(v) if isinstance(v, list) else v for k, v in dict(opts).items()})
+    if e.task_source == "envs":
+        from horizon.tasks import load_tasks
+        tasks = load_tasks(e.tasks_root, split=e.task_split or None)
+        if e.task_ids:
+            by_id = {t.id: t for t in tasks}
+            missing = [i for i in e.task_ids if i not in by_id]
+            if missing:
+                raise ConfigError(f"eval.task_ids: unknown task ids {missing} in {e.tasks_root}")
+            return [by_id[i] for i in e.task_ids]
+        return tasks[: int(e.num_tasks)] if int(e.num_tasks) > 0 else tasks
+    raise ConfigError(f"eval.task_source={e.task_source!r}: must be 'synthetic' or 'envs'")
+
+
+def registry_fn_for(c):
+    """task -> ToolRegistry for `eval.tool_set`."""
+    if c.eval.tool_set == "synthetic":
+        from horizon.tasks.synthetic import synthetic_registry
+        reg = synthetic_registry(strict=bool(c.agent.strict_tools))
+        return lambda task: reg
+    if c.eval.tool_set == "agent":
+        from horizon.tools.builtin import registry_for
+        return lambda task: registry_for(c.agent, task.kind)
+    raise ConfigError(f"eval.tool_set={c.eval.tool_set!r}: must be 'synthetic' or 'agent'")
+
+
+def system_prompt_for(c) -> str | None:
+    """The system prompt `eval.system_prompt` names (None = the agent's own)."""
+    if c.eval.system_prompt == "synthetic":
+        from horizon.tasks.synthetic import SYSTEM_PROMPT
+        return SYSTEM_PROMPT
+    if c.eval.system_prompt:
+        raise ConfigError(f"eval.system_prompt={c.eval.system_prompt!r}: must be 'synthetic' or ''")
+    return None
+
+
+def checkpoint_list(entries) -> list[tuple[str, str]]:
+    """`eval.checkpoints` ("NAME=DIR"; an empty DIR = untrained init) as [(name, dir)]."""
+    out = []
+    for item in entries:
+        name, sep, path = str(item).partition("=")
+        if not sep or not name:
+            raise ConfigError(f"eval.checkpoints entry {item!r}: must be 'NAME=DIR' (an empty DIR = untrained init)")
+        out.append((name, path))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval.checkpoints: names must be unique, got {names}")
+    return out
+
+
+def validate_eval_config(c) -> None:
+    """Every field experiments/eval.py reads: model, agent budget, the `eval` section, the task list
+    (built here: a missing tasks_root or task id fails now) and each checkpoint dir's existence."""
+    transformer.validate_config(c.model)
+    validate_agent_config(c.agent)
+    need(int(c.agent.max_context_tokens) <= int(c.model.max_seq_len), "agent.max_context_tokens",
+         c.agent.max_context_tokens, f"must be <= model.max_seq_len={c.model.max_seq_len}")
+    e = c.eval
+    need_choice(e, "task_source", "eval", ("synthetic", "envs"))
+    need_choice(e, "backend", "eval", ("docker", "local"))
+    need_int(e, "num_passes", "eval", lo=1)
+    need_int(e, "max_parallel", "eval", lo=1)
+    need_int(e, "num_tasks", "eval", lo=0 if e.task_source == "envs" else 1)
+    need_int(e, "task_start", "eval", lo=0)
+    need_float(e, "verify_timeout_s", "eval", 0.0, lo_open=True)
+    need_float(e, "success_threshold", "eval", 0.0, 1.0)
+    need_float(e, "temperature", "eval", 0.0)
+    need_float(e, "top_p", "eval", 0.0, 1.0, lo_open=True)
+    need(bool(str(e.output_dir)), "eval.output_dir", e.output_dir, "must name a directory")
+    if e.task_source == "envs":
+        need(pathlib.Path(str(e.tasks_root)).is_dir(), "eval.tasks_root", e.tasks_root, "no such directory")
+    try:
+        tasks = build_tasks(e)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, KeyError) as err:
+        raise ConfigError(f"eval task set: {' '.join(str(err).split())}") from None
+    need(len(tasks) > 0, "eval.num_tasks", e.num_tasks, f"selects no task from {e.task_source}")
+    registry_fn_for(c)
+    system_prompt_for(c)
+    entries = checkpoint_list(e.checkpoints)
+    need(len(entries) > 0 or bool(e.include_scripted), "eval.checkpoints", e.checkpoints,
+         "must name at least one policy (or set eval.include_scripted)")
+    for name, path in entries:
+        need(not path or pathlib.Path(path).is_dir(), f"eval.checkpoints[{name}]", path,
+             "no such checkpoint directory (run `make run` first, or leave DIR empty for the untrained init)")

@@ -1,0 +1,162 @@
+"""Sweeps: run an experiment script once per config override and tabulate the runs (SPEC §7).
+
+The machinery behind experiments/sweep.py (its docstring describes sweep files and outputs).
+Paths in a sweep file (SCRIPT, CONFIG) are relative to `root`, the repository the sweep runs in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+from horizon.eval.report import markdown_table, read_jsonl, write_jsonl
+from horizon.utils import cli
+from horizon.utils.config import dump_config
+
+DEFAULTS = dict(SCRIPT="experiments/pretrain.py", CONFIG="configs/tiny.py", BASE_OVERRIDES={},
+                OUT_FIELD="train.output_dir", EXTRA_ARGS=(), PLOT=("step", "loss"), NAME=None)
+
+
+def git_commit(cwd: str | pathlib.Path) -> str:
+    """`git rev-parse HEAD`, or "unknown" outside a git repo / without git."""
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+
+
+def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
+    """(settings, list of override dicts) from a sweep file (module docstring)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"sweep file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"_horizon_sweep_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not hasattr(mod, "get_sweep"):
+        raise AttributeError(f"{path} defines no get_sweep()")
+    runs = mod.get_sweep()
+    if not isinstance(runs, (list, tuple)) or not runs or not all(isinstance(r, dict) for r in runs):
+        raise TypeError(f"{path}: get_sweep() must return a non-empty list of override dicts, got {runs!r}")
+    retired = [k for k in ("OVERRIDE_STYLE", "CONFIG_FLAG", "OUT_FLAG") if hasattr(mod, k)]
+    if retired:
+        raise ValueError(f"{path}: {retired} are gone: every script takes --config.a.b=v; name the run-dir field "
+                         "with OUT_FIELD")
+    settings = {k: getattr(mod, k, v) for k, v in DEFAULTS.items()}
+    settings["NAME"] = settings["NAME"] or path.stem
+    return settings, [dict(r) for r in runs]
+
+
+def run_name(i: int, overrides: dict) -> str:
+    parts = [f"{k.split('.')[-1]}={v}" for k, v in overrides.items()]
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "_", f"{i:02d}_" + ",".join(parts))[:120]
+
+
+def cli_value(v) -> str:
+    return json.dumps(v) if isinstance(v, (list, tuple, dict, bool)) or v is None else str(v)
+
+
+def config_args(settings: dict, overrides: dict, out_dir: pathlib.Path, root: pathlib.Path) -> list[str]:
+    """The script's config arguments: `--config=CONFIG --config.a.b=v ... --config.OUT_FIELD=out_dir`."""
+    return ([f"--config={root / settings['CONFIG']}"] + [f"--config.{k}={cli_value(v)}" for k, v in overrides.items()]
+            + [f"--config.{settings['OUT_FIELD']}={out_dir}"])
+
+
+def command(settings: dict, overrides: dict, out_dir: pathlib.Path, root: pathlib.Path) -> list[str]:
+    return ([sys.executable, str(root / settings["SCRIPT"])] + config_args(settings, overrides, out_dir, root)
+            + [str(a) for a in settings["EXTRA_ARGS"]])
+
+
+def run_summary(run_dir: pathlib.Path) -> dict:
+    """Numbers a run left behind: its summary.json, then the last metrics.jsonl record (prefixed last/)."""
+    out = {}
+    s = run_dir / "summary.json"
+    if s.exists():
+        out.update({k: v for k, v in json.loads(s.read_text()).items() if isinstance(v, (int, float, str))})
+    m = run_dir / "metrics.jsonl"
+    if m.exists():
+        recs = read_jsonl(m)
+        if recs:
+            out.update({f"last/{k}": v for k, v in recs[-1].items() if isinstance(v, (int, float))})
+    return out
+
+
+def plot_curves(rows: list[dict], out_dir: pathlib.Path, x: str, y: str) -> pathlib.Path | None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    drawn = 0
+    for r in rows:
+        m = out_dir / r["run"] / "metrics.jsonl"
+        if not m.exists():
+            continue
+        pts = sorted((q[x], q[y]) for q in read_jsonl(m) if x in q and y in q)
+        if pts:
+            ax.plot(*zip(*pts), label=r["run"])
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel(x), ax.set_ylabel(y), ax.grid(alpha=0.3), ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "curves.png"
+    fig.savefig(path, dpi=100), plt.close(fig)
+    return path
+
+
+def run_sweep(sweep_path: str | pathlib.Path, out: str | pathlib.Path | None = None, *, root: str | pathlib.Path,
+              dry_run: bool = False, timeout_s: float | None = None, env: dict | None = None) -> list[dict]:
+    """Run every override of the sweep file; returns the summary rows (also written to disk)."""
+    root = pathlib.Path(root)
+    settings, runs = load_sweep(sweep_path)
+    out_dir = pathlib.Path(out or root / "runs" / "sweeps" / settings["NAME"]).resolve()
+    commit = git_commit(root)
+    plan = []
+    for i, ov in enumerate(runs):       # every run's arguments parsed before the first run starts
+        merged = {**settings["BASE_OVERRIDES"], **ov}
+        name = run_name(i, ov)
+        plan.append((i, ov, merged, name, cli.parse(config_args(settings, merged, out_dir / name, root), default="")))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, ov, merged, name, cfg in plan:
+        run_dir = out_dir / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.json")
+        cmd = command(settings, merged, run_dir, root)
+        info = dict(run=name, overrides=ov, base_overrides=settings["BASE_OVERRIDES"],
+                    seed=int(cfg.get("seed", -1)), git_commit=commit, script=settings["SCRIPT"],
+                    config=settings["CONFIG"], command=cmd)
+        t0 = time.time()
+        if dry_run:
+            rc = None
+        else:
+            print(f"[sweep {i + 1}/{len(runs)}] {' '.join(cmd)}", flush=True)
+            with (run_dir / "stdout.log").open("w") as log:
+                try:
+                    rc = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                        env={**os.environ, **(env or {})}).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+        info.update(returncode=rc, wall_s=time.time() - t0)
+        (run_dir / "sweep_run.json").write_text(json.dumps(info, indent=2, default=str))
+        row = dict(run=name)
+        row.update(ov)
+        row.update(seed=info["seed"], returncode=rc, wall_s=info["wall_s"], git_commit=commit[:12])
+        row.update(run_summary(run_dir))
+        rows.append(row)
+        if rc not in (0, None):
+            print(f"[sweep] run {name} failed ({rc}); see {run_dir / 'stdout.log'}", flush=True)
+    write_jsonl(out_dir / "summary.jsonl", rows)
+    (out_dir / "summary.md").write_text(f"# Sweep {settings['NAME']} ({settings['SCRIPT']} {settings['CONFIG']}, "
+                                        f"commit {commit})\n\n" + markdown_table(rows))
+    if not dry_run and settings["PLOT"]:
+        plot_curves(rows, out_dir, *settings["PLOT"])
+    return rows

@@ -1,0 +1,228 @@
+"""`validate(config)` for the RL drivers (experiments/rl.py, selfsum.py, rl_async.py): every value
+they read is checked right after the command line is parsed, before any run directory, sandbox or
+compile exists (SPEC §7). Each failure is one `ConfigError` line naming the field, its value and
+what is allowed; `horizon.utils.cli.load` prints it and exits 2.
+
+The checks follow the config's sections: `model` (`transformer.validate_config`), `mesh`, `agent`
+(`validate_agent_config` + the budget against `model.max_seq_len`), `rl` (loss, KL, sampler,
+batch, optimizer, prompt sampler, length penalty) and `exp` (task family, sandboxes, SFT, eval).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from horizon.agent import validate_agent_config
+from horizon.agent.rollout import STRATEGIES
+from horizon.model import transformer
+from horizon.parallel.mesh import require_one_device
+from horizon.rl import losses, rewards
+from horizon.rl.weight_sync import CODECS, DTYPES
+from horizon.rl.workers import KV_MODES
+from horizon.env.families import FAMILIES, family_from_config
+from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
+
+BACKENDS = ("docker", "local")
+CORRUPT_KINDS = ("next", "random")
+ASYNC_LOOPS = ("sync", "async", "sync_mp")
+
+
+def validate_model(c) -> None:
+    transformer.validate_config(c.model)
+    need_int(c.model, "max_seq_len", "model", lo=8)
+
+
+def validate_agent_budget(c) -> None:
+    """The agent section and its context budget: trigger < max_context_tokens <= model.max_seq_len,
+    for the agent's strategy and each of `exp.strategies` (selfsum runs them all)."""
+    strategies = tuple(c.exp.get("strategies", ())) if "exp" in c else ()
+    for s in strategies:
+        need(s in STRATEGIES, "exp.strategies", s, f"each must be one of {STRATEGIES}")
+    validate_agent_config(c.agent, strategies=strategies)
+    need(int(c.agent.max_context_tokens) <= int(c.model.max_seq_len), "agent.max_context_tokens",
+         c.agent.max_context_tokens, f"must be <= model.max_seq_len={c.model.max_seq_len}")
+
+
+def validate_optim(o, prefix: str, steps: int, steps_field: str) -> None:
+    """An Adam section (`horizon.train.optim`) whose schedule spans `steps` (named `steps_field`)."""
+    need_float(o, "lr", prefix, 0.0, lo_open=True)
+    w = need_int(o, "warmup_steps", prefix, lo=0)
+    need(w < steps, f"{prefix}.warmup_steps", w, f"must be < {steps_field}={steps}")
+    need_float(o, "min_lr_ratio", prefix, 0.0, 1.0)
+    need_float(o, "weight_decay", prefix, 0.0)
+    need_float(o, "b1", prefix, 0.0, 1.0)
+    need_float(o, "b2", prefix, 0.0, 1.0)
+    need_float(o, "eps", prefix, 0.0, lo_open=True)
+    need_float(o, "grad_clip", prefix, 0.0, lo_open=True)
+
+
+def validate_rl(c, steps: int) -> None:
+    """The `rl` section for a run of `steps` trainer steps."""
+    r = c.rl
+    need_int(r, "group_size", "rl", lo=1)
+    need_int(r, "prompts_per_step", "rl", lo=1)
+    need_choice(r, "loss_agg", "rl", losses.LOSS_AGGS)
+    need_float(r, "token_sum_norm", "rl", 0.0)
+    need_float(r, "adv_std_eps", "rl", 0.0, lo_open=True)
+    if r.clip_eps is not None:
+        need_float(r, "clip_eps", "rl", 0.0)
+    need_float(r, "kl_coef", "rl", 0.0)
+    need_choice(r, "kl_estimator", "rl", losses.KL_ESTIMATORS)
+    need_choice(r, "kl_mode", "rl", losses.KL_MODES)
+    lp = r.length_penalty
+    try:
+        rewards.validate_curve_params(lp.k, lp.q)
+    except ValueError as e:
+        raise ConfigError(f"rl.length_penalty: {e}") from None
+    need_float(lp, "scale", "rl.length_penalty", 0.0)
+    for k in r.behaviour:
+        need_float(r.behaviour, k, "rl.behaviour")
+    s = r.sampler
+    need_float(s, "temperature", "rl.sampler", 0.0)
+    need_float(s, "top_p", "rl.sampler", 0.0, 1.0, lo_open=True)
+    for k in ("min_batch_bucket", "min_prompt_bucket", "min_new_bucket"):
+        need_int(s, k, "rl.sampler", lo=1)
+    b = r.batch
+    for k in ("min_rows", "min_seq", "min_groups"):
+        need_int(b, k, "rl.batch", lo=1)
+    need_int(b, "micro_rows", "rl.batch", lo=0)
+    need(int(r.optim.steps) == steps, "rl.optim.steps", r.optim.steps, f"must equal the run's steps ({steps})")
+    validate_optim(r.optim, "rl.optim", steps, "exp.steps")
+    need_int(r, "checkpoint_every", "rl", lo=1)
+    need_int(r, "max_checkpoints", "rl", lo=1)
+    need_int(r, "hard_prompt_start_step", "rl", lo=-1)
+
+
+def validate_sft(c) -> None:
+    """`exp.sft`: both warm-start stages (`loop.two_stage_sft`)."""
+    s = c.exp.sft
+    steps = need_int(s, "steps", "exp.sft", lo=1)
+    clean = need_int(s, "clean_steps", "exp.sft", lo=0) if "clean_steps" in s else 0
+    for k in ("batch_size", "seq_len", "log_every"):
+        need_int(s, k, "exp.sft", lo=1)
+    need(int(s.seq_len) <= int(c.model.max_seq_len), "exp.sft.seq_len", s.seq_len,
+         f"must be <= model.max_seq_len={c.model.max_seq_len}")
+    need_float(s, "corrupt_prob", "exp.sft", 0.0, 1.0)
+    if "corrupt" in s:
+        need_choice(s, "corrupt", "exp.sft", CORRUPT_KINDS)
+    validate_optim(s.optim, "exp.sft.optim", steps, "exp.sft.steps")
+    if clean > 0:
+        need(int(s.optim.warmup_steps) < clean, "exp.sft.optim.warmup_steps", s.optim.warmup_steps,
+             f"must be < exp.sft.clean_steps={clean}")
+        for k in ("clean_seq_len", "clean_batch_size"):
+            if s.get(k) is not None:
+                need_int(s, k, "exp.sft", lo=1)
+        if s.get("clean_lr") is not None:
+            need_float(s, "clean_lr", "exp.sft", 0.0, lo_open=True)
+        if s.get("clean_seq_len") is not None:
+            need(int(s.clean_seq_len) <= int(c.model.max_seq_len), "exp.sft.clean_seq_len", s.clean_seq_len,
+                 f"must be <= model.max_seq_len={c.model.max_seq_len}")
+    if "probe_every" in s:
+        need_int(s, "probe_every", "exp.sft", lo=0)
+
+
+def validate_family(c, env: str | None) -> None:
+    """`exp.env` (the driver's family if `env` is given) and `exp.task`: one task is built from
+    them, so a bad task option fails here and not in the first rollout."""
+    e = c.exp
+    need_choice(e, "env", "exp", FAMILIES if env is None else (env,))
+    try:
+        family_from_config(e).tasks("train", 1)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ConfigError(f"exp.task: {' '.join(str(err).split())}") from None
+
+
+def validate_sandboxes(c) -> None:
+    """`exp.backend` and, for Docker, that the engine answers and has `exp.sandbox_image`."""
+    e = c.exp
+    need_choice(e, "backend", "exp", BACKENDS)
+    need_float(e, "sandbox_cpus", "exp", 0.0, lo_open=True)
+    need_float(e, "verify_timeout_s", "exp", 0.0, lo_open=True)
+    backends = {e.backend} | ({e.demo_backend} if "demo_backend" in e else set())
+    if "demo_backend" in e:
+        need_choice(e, "demo_backend", "exp", BACKENDS)
+    if "docker" in backends:
+        from horizon.sandbox import docker_available
+
+        if not docker_available():
+            raise ConfigError("exp.backend='docker': no Docker engine answers (start it, or "
+                              "--config.exp.backend=local for an unisolated run)")
+        import docker
+
+        try:
+            docker.from_env().images.get(str(e.sandbox_image))
+        except docker.errors.ImageNotFound:
+            raise ConfigError(f"exp.sandbox_image={e.sandbox_image!r}: no such image in the Docker engine "
+                              "(build it: make image)") from None
+
+
+def validate_experiment(c, env: str) -> None:
+    """experiments/rl.py and experiments/selfsum.py: the whole config, for the `env` family."""
+    validate_model(c)
+    require_one_device(c)
+    validate_agent_budget(c)
+    e = c.exp
+    steps = need_int(e, "steps", "exp", lo=1)
+    validate_rl(c, steps)
+    validate_family(c, env)
+    need_int(e, "n_sft_tasks", "exp", lo=1)
+    rollouts = int(c.rl.group_size) * int(c.rl.prompts_per_step)
+    need(int(e.pool_size) >= rollouts, "exp.pool_size", e.pool_size,
+         f"must hold one step's rollouts (rl.group_size * rl.prompts_per_step = {rollouts})")
+    validate_sandboxes(c)
+    validate_sft(c)
+    ev = e.eval
+    need_int(ev, "n_tasks", "exp.eval", lo=1)
+    need_int(ev, "passes", "exp.eval", lo=1)
+    need_int(ev, "every", "exp.eval", lo=0)
+    need_float(ev, "temperature", "exp.eval", 0.0)
+    need(bool(str(e.out_dir)), "exp.out_dir", e.out_dir, "must name a run directory")
+    if "strategies" in e:
+        need(len(e.strategies) > 0, "exp.strategies", e.strategies, "must name at least one strategy")
+        for s in tuple(e.sft.get("clean_strategies", ())):
+            need(s in STRATEGIES, "exp.sft.clean_strategies", s, f"each must be one of {STRATEGIES}")
+    for k in ("check_tasks", "demo_sandboxes"):
+        if k in e:
+            need_int(e, k, "exp", lo=1)
+
+
+def validate_async(c) -> None:
+    """experiments/rl_async.py: model, `rl`, the `async_` section and, for `async_.env="experiment"`,
+    the experiment's family, sandboxes and pool (`exp.steps` is every loop's step count)."""
+    validate_model(c)
+    require_one_device(c)
+    steps = need_int(c.exp, "steps", "exp", lo=1)
+    validate_rl(c, steps)
+    a = c.async_
+    need_int(a, "max_staleness", "async_", lo=0)
+    for k in ("num_rollout_workers", "publish_every", "full_every", "chunk_tokens", "keep_fulls", "shard_elems", "publish_threads", "threads_per_process",
+              "toy_max_new_tokens", "smooth"):
+        need_int(a, k, "async_", lo=1)
+    for k in ("slots_per_batch", "queue_depth"):      # 0 = rl.prompts_per_step (async_loop.batch_slots)
+        need_int(a, k, "async_", lo=0)
+    need_int(a, "prompt_start", "async_", lo=0)
+    for k in ("poll_s", "weights_timeout_s"):
+        need_float(a, k, "async_", 0.0, lo_open=True)
+    for k in ("batch_wait_s", "weight_poll_interval_s"):
+        need_float(a, k, "async_", 0.0)
+    need_choice(a, "env", "async_", ("toy", "experiment"))
+    need_choice(a, "pool", "async_", ("multiprocessing",))
+    need_choice(a, "kv_mode", "async_", KV_MODES)
+    need_choice(a, "codec", "async_", CODECS)
+    need_choice(a, "publish_dtype", "async_", DTYPES)
+    need(len(a.compare) > 0 and all(x in ASYNC_LOOPS for x in a.compare), "async_.compare", a.compare,
+         f"must be a non-empty subset of {ASYNC_LOOPS}")
+    need(bool(str(a.run_dir)), "async_.run_dir", a.run_dir, "must name a directory")
+    if a.env == "experiment":
+        validate_agent_budget(c)
+        validate_family(c, None)
+        from horizon.rl.async_loop import batch_slots
+
+        slots = batch_slots(c) * int(c.rl.group_size)
+        need(int(c.exp.pool_size) >= slots, "exp.pool_size", c.exp.pool_size,
+             f"must hold one generation's rollouts (slots per batch * rl.group_size = {slots})")
+        validate_sandboxes(c)
+        if str(a.init_from):     # made by experiments/rl_async.py with rl.py's SFT stage if missing
+            validate_sft(c)
+    elif str(a.init_from) and not pathlib.Path(str(a.init_from)).is_dir():
+        raise ConfigError(f"async_.init_from={a.init_from!r}: no such checkpoint directory")

@@ -139,7 +139,7 @@ def test_experiment_env_batches_slots_of_rl_py_task(inflight_env):
     fam = family_from_config(c.exp)
     assert ids == [workers.experiment_prompt_id("config_edit", s) for s in fam.seeds("train", 2, c.exp.n_sft_tasks)]
     pol = sampler.make_policy(lambda: (p0, 7), c, jax.random.key(0), chunk_tokens=16)
-    env = workers.FamilyEnv(c)
+    env = workers.ENVS["experiment"](c)
     try:
         res = env.rollouts([dict(slot=i, prompt_id=x, seed=i) for i, x in enumerate(ids)], pol, ByteTokenizer())
     finally:

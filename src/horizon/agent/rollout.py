@@ -78,19 +78,23 @@ class Trajectory:
         return int(sum(s.loss_mask.sum() for s in self.segments))
 
 
-def validate_agent_config(cfg, prefix: str = "agent", strategies: Sequence[str] = ()) -> None:
+def validate_agent_config(cfg, prefix: str = "agent", strategies: Sequence[str] = (),
+                          strategies_field: str = "strategies", max_seq_len: int | None = None) -> None:
     """Check an `agent` config (configs/agent_tiny.py) before any episode: strategy names, positive
     budgets, and a trigger below the context limit with room for a turn's generation and for the
-    summary of `cfg.context_strategy` and of each of `strategies` (a driver that runs several).
+    summary of `cfg.context_strategy` and of each of `strategies` (a driver that runs several,
+    named `strategies_field` in errors); the context limit fits `max_seq_len` when given.
     Raises `ConfigError` (a ValueError) naming the field, e.g. `agent.trigger_tokens=999999: ...`."""
     need_choice(cfg, "context_strategy", prefix, STRATEGIES)
     for s in strategies:
-        need(s in STRATEGIES, "strategies", s, f"each must be one of {STRATEGIES}")
+        need(s in STRATEGIES, strategies_field, s, f"each must be one of {STRATEGIES}")
     for k in ("max_turns", "max_total_tokens", "max_context_tokens", "max_new_tokens", "trigger_tokens",
               "summary_max_tokens", "compaction_max_tokens", "max_observation_bytes", "max_malformed_calls",
               "num_tool_workers"):
         need_int(cfg, k, prefix, lo=1)
     ctx = int(cfg.max_context_tokens)
+    if max_seq_len is not None:
+        need(ctx <= max_seq_len, f"{prefix}.max_context_tokens", ctx, f"must be <= model.max_seq_len={max_seq_len}")
     need(int(cfg.trigger_tokens) < ctx, f"{prefix}.trigger_tokens", cfg.trigger_tokens,
          f"must be below {prefix}.max_context_tokens={ctx} (the compaction trigger fires before the context is full)")
     used = {cfg.context_strategy, *strategies}

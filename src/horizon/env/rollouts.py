@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -85,10 +85,12 @@ def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
 
 class ExperimentEnv:
     """The task family of an experiment config (`cfg.exp`) and a pool of reused sandboxes, made
-    on first use (`exp.pool_size`, `exp.backend`, `exp.sandbox_image`); the owner closes it."""
+    on first use (`exp.pool_size`, `exp.backend`, `exp.sandbox_image`); the owner closes it.
+    `seed_of(request)` is the task seed of a rollout request."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, seed_of: Callable[[dict], int]):
         self.cfg = cfg
+        self.seed_of = seed_of
         self.family = family_from_config(cfg.exp)
         self._pool: SandboxPool | None = None
 
@@ -98,11 +100,11 @@ class ExperimentEnv:
             self._pool = SandboxPool.from_config(self.cfg)
         return self._pool
 
-    def rollouts(self, requests: Sequence[dict], policy, tok, seed_of) -> list[tuple]:
-        """All `len(requests) * group_size` rollouts in ONE batched generation; `seed_of(request)`
-        is the task seed of a request. Returns one (trajectories, rewards, infos) per request."""
+    def rollouts(self, requests: Sequence[dict], policy, tok) -> list[tuple]:
+        """All `len(requests) * group_size` rollouts in ONE batched generation. Returns one
+        (trajectories, rewards, infos) per request."""
         G = int(self.cfg.rl.group_size)
-        tasks = [self.family.make_task(seed_of(r)) for r in requests for _ in range(G)]
+        tasks = [self.family.make_task(self.seed_of(r)) for r in requests for _ in range(G)]
         trajs, rs, infos = rollout_batch(self.family, tasks, policy, self.pool, self.cfg, tok)
         return [(trajs[i * G:(i + 1) * G], rs[i * G:(i + 1) * G], infos[i * G:(i + 1) * G])
                 for i in range(len(requests))]

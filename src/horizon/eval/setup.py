@@ -71,9 +71,7 @@ def validate_eval_config(c) -> None:
     """Every field experiments/eval.py reads: model, agent budget, the `eval` section, the task list
     (built here: a missing tasks_root or task id fails now) and each checkpoint dir's existence."""
     transformer.validate_config(c.model)
-    validate_agent_config(c.agent)
-    need(int(c.agent.max_context_tokens) <= int(c.model.max_seq_len), "agent.max_context_tokens",
-         c.agent.max_context_tokens, f"must be <= model.max_seq_len={c.model.max_seq_len}")
+    validate_agent_config(c.agent, max_seq_len=int(c.model.max_seq_len))
     e = c.eval
     need_choice(e, "task_source", "eval", ("synthetic", "envs"))
     need_choice(e, "backend", "eval", ("docker", "local"))

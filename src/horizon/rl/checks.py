@@ -19,6 +19,7 @@ from horizon.parallel.mesh import require_one_device
 from horizon.rl import losses, rewards
 from horizon.rl.weight_sync import CODECS, DTYPES
 from horizon.rl.workers import KV_MODES
+from horizon.train.optim import validate_optim_config
 from horizon.env.families import FAMILIES, family_from_config
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
 
@@ -36,24 +37,8 @@ def validate_agent_budget(c) -> None:
     """The agent section and its context budget: trigger < max_context_tokens <= model.max_seq_len,
     for the agent's strategy and each of `exp.strategies` (selfsum runs them all)."""
     strategies = tuple(c.exp.get("strategies", ())) if "exp" in c else ()
-    for s in strategies:
-        need(s in STRATEGIES, "exp.strategies", s, f"each must be one of {STRATEGIES}")
-    validate_agent_config(c.agent, strategies=strategies)
-    need(int(c.agent.max_context_tokens) <= int(c.model.max_seq_len), "agent.max_context_tokens",
-         c.agent.max_context_tokens, f"must be <= model.max_seq_len={c.model.max_seq_len}")
-
-
-def validate_optim(o, prefix: str, steps: int, steps_field: str) -> None:
-    """An Adam section (`horizon.train.optim`) whose schedule spans `steps` (named `steps_field`)."""
-    need_float(o, "lr", prefix, 0.0, lo_open=True)
-    w = need_int(o, "warmup_steps", prefix, lo=0)
-    need(w < steps, f"{prefix}.warmup_steps", w, f"must be < {steps_field}={steps}")
-    need_float(o, "min_lr_ratio", prefix, 0.0, 1.0)
-    need_float(o, "weight_decay", prefix, 0.0)
-    need_float(o, "b1", prefix, 0.0, 1.0)
-    need_float(o, "b2", prefix, 0.0, 1.0)
-    need_float(o, "eps", prefix, 0.0, lo_open=True)
-    need_float(o, "grad_clip", prefix, 0.0, lo_open=True)
+    validate_agent_config(c.agent, strategies=strategies, strategies_field="exp.strategies",
+                          max_seq_len=int(c.model.max_seq_len))
 
 
 def validate_rl(c, steps: int) -> None:
@@ -87,7 +72,7 @@ def validate_rl(c, steps: int) -> None:
         need_int(b, k, "rl.batch", lo=1)
     need_int(b, "micro_rows", "rl.batch", lo=0)
     need(int(r.optim.steps) == steps, "rl.optim.steps", r.optim.steps, f"must equal the run's steps ({steps})")
-    validate_optim(r.optim, "rl.optim", steps, "exp.steps")
+    validate_optim_config(r.optim, "rl.optim", steps, "exp.steps")
     need_int(r, "checkpoint_every", "rl", lo=1)
     need_int(r, "max_checkpoints", "rl", lo=1)
     need_int(r, "hard_prompt_start_step", "rl", lo=-1)
@@ -105,7 +90,7 @@ def validate_sft(c) -> None:
     need_float(s, "corrupt_prob", "exp.sft", 0.0, 1.0)
     if "corrupt" in s:
         need_choice(s, "corrupt", "exp.sft", CORRUPT_KINDS)
-    validate_optim(s.optim, "exp.sft.optim", steps, "exp.sft.steps")
+    validate_optim_config(s.optim, "exp.sft.optim", steps, "exp.sft.steps")
     if clean > 0:
         need(int(s.optim.warmup_steps) < clean, "exp.sft.optim.warmup_steps", s.optim.warmup_steps,
              f"must be < exp.sft.clean_steps={clean}")

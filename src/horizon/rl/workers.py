@@ -128,23 +128,6 @@ class ToyEnv:
         pass
 
 
-class FamilyEnv:
-    """`async_.env="experiment"`: the config's task family (`cfg.exp`, `horizon.env.families`; the
-    task set of experiments/rl.py) in a pool of reused sandboxes owned by this object
-    (`horizon.env.rollouts.ExperimentEnv`): all of a batch's rollouts in ONE generation."""
-
-    def __init__(self, cfg):
-        from horizon.env.rollouts import ExperimentEnv  # noqa: PLC0415
-
-        self.env = ExperimentEnv(cfg)
-
-    def rollouts(self, requests: Sequence[dict], policy: Callable, tok: ByteTokenizer) -> list[tuple]:
-        return self.env.rollouts(requests, policy, tok, seed_of=lambda r: experiment_seed(r["prompt_id"]))
-
-    def close(self) -> None:
-        self.env.close()
-
-
 def experiment_prompt_id(env: str, seed: int) -> str:
     return f"{env}_{seed}"
 
@@ -153,9 +136,18 @@ def experiment_seed(prompt_id: str) -> int:
     return int(prompt_id.rsplit("_", 1)[1])
 
 
-# async_.env -> env class: env(cfg).rollouts(requests, policy, tok) -> [(trajectories, rewards, infos)]
+def family_env(cfg):
+    """`async_.env="experiment"`: the config's task family (`cfg.exp`, `horizon.env.families`; the task
+    set of experiments/rl.py) in a pool of reused sandboxes owned by the env (`ExperimentEnv`); a
+    request's prompt id carries its task seed."""
+    from horizon.env.rollouts import ExperimentEnv  # noqa: PLC0415
+
+    return ExperimentEnv(cfg, seed_of=lambda r: experiment_seed(r["prompt_id"]))
+
+
+# async_.env -> env(cfg), whose .rollouts(requests, policy, tok) -> [(trajectories, rewards, infos)]
 # per request; the owner (a rollout worker, the sync loop) closes it
-ENVS = {"toy": ToyEnv, "experiment": FamilyEnv}
+ENVS = {"toy": ToyEnv, "experiment": family_env}
 
 
 def group_advantages(rs: Sequence[float], cfg) -> list[float]:

@@ -56,12 +56,7 @@ def validate_train_config(c: ml_collections.ConfigDict) -> None:
         need((root / src).exists(), "data.sources", src, f"no such file or directory under {root}")
     need(d.tokenizer == "byte" or pathlib.Path(str(d.tokenizer)).exists(), "data.tokenizer", d.tokenizer,
          "must be 'byte' or a local tokenizer path")
-    steps = need_int(t, "steps", "train", lo=1)
-    need_float(t, "lr", "train", 0.0, lo_open=True)
-    w = need_int(t, "warmup_steps", "train", lo=0)
-    need(w < steps, "train.warmup_steps", w, f"must be < train.steps={steps}")
-    need_float(t, "min_lr_ratio", "train", 0.0, 1.0)
-    need_float(t, "grad_clip", "train", 0.0, lo_open=True)
+    optim.validate_optim_config(t, "train", need_int(t, "steps", "train", lo=1), "train.steps")
     for k in ("log_every", "eval_every", "eval_batches", "checkpoint_every", "max_checkpoints"):
         need_int(t, k, "train", lo=1)
     need(bool(str(t.output_dir)), "train.output_dir", t.output_dir, "must name a run directory")

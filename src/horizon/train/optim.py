@@ -41,6 +41,22 @@ def default_trainable_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda p, _: _path_names(p)[-1] != "router_bias", params)
 
 
+def validate_optim_config(o, prefix: str, steps: int, steps_field: str) -> None:
+    """An optimizer section (the fields `make_optimizer` and `lr_schedule` read) whose schedule spans
+    `steps` (the field named `steps_field`): `ConfigError` naming the field, before any work."""
+    from horizon.utils.config import need, need_float, need_int
+
+    need_float(o, "lr", prefix, 0.0, lo_open=True)
+    w = need_int(o, "warmup_steps", prefix, lo=0)
+    need(w < steps, f"{prefix}.warmup_steps", w, f"must be < {steps_field}={steps}")
+    need_float(o, "min_lr_ratio", prefix, 0.0, 1.0)
+    need_float(o, "weight_decay", prefix, 0.0)
+    need_float(o, "b1", prefix, 0.0, 1.0)
+    need_float(o, "b2", prefix, 0.0, 1.0)
+    need_float(o, "eps", prefix, 0.0, lo_open=True)
+    need_float(o, "grad_clip", prefix, 0.0, lo_open=True)
+
+
 def lr_schedule(tcfg: ml_collections.ConfigDict) -> optax.Schedule:
     """Linear warmup to `lr` over `warmup_steps`, cosine decay to `lr * min_lr_ratio` at `steps`."""
     if tcfg.steps <= 0 or tcfg.warmup_steps < 0 or tcfg.warmup_steps >= tcfg.steps:

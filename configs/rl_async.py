@@ -14,7 +14,8 @@ def async_config() -> ml_collections.ConfigDict:
     # --- scheduler
     a.max_staleness = 1               # trainer_version - token_version bound (admission control); 0 = synchronous
     a.num_rollout_workers = 1         # rollout processes
-    a.queue_depth = 1                 # outstanding slot requests per worker (0 = rl.prompts_per_step)
+    a.queue_depth = 1                 # outstanding slot requests per worker (0 = rl.prompts_per_step; at
+    #                                   least one generation batch)
     a.pool = "multiprocessing"        # WorkerPool: "multiprocessing" | "ray" (adapter; ray not shipped)
     a.poll_s = 0.02                   # orchestrator / trainer polling interval
     a.weights_timeout_s = 600.0       # a worker waits this long for the weights version it needs
@@ -24,12 +25,7 @@ def async_config() -> ml_collections.ConfigDict:
     a.toy_max_new_tokens = 24         # generated tokens per toy rollout
     a.prompt_start = 0                # first toy prompt index
     a.init_from = ""                  # finished SFT checkpoint dir to start from ("" = random init)
-    a.slots_per_batch = 1             # a worker batches up to this many queued slots into one generation
-    #                                   (0 = rl.prompts_per_step, horizon.rl.async_loop.batch_slots)
-    a.batch_wait_s = 0.05             # ... waiting this long for each further queued request
-    # --- in-flight weight updates (horizon.rl.workers.generate_inflight)
-    a.chunk_tokens = 8                # decode steps between weight-store checks
-    a.kv_mode = "keep"                # "keep" the old KV cache at a switch | "recompute" the prefill
+    # (generation batches: rl.slots_per_batch; in-flight updates: rl.sampler.chunk_tokens / kv_mode)
     a.weight_poll_interval_s = 0.0    # min seconds between LATEST reads in a worker (0 = every chunk)
     # --- weight publishing (horizon.rl.weight_sync)
     a.publish_every = 1               # trainer steps between published versions
@@ -45,7 +41,7 @@ def async_config() -> ml_collections.ConfigDict:
     a.threads_per_process = 1         # XLA CPU threads per JAX process (shared 2-core machine)
     a.run_dir = "runs/rl_async"       # output dir (results.json, one subdir per loop)
     # --- experiments/rl_async.py
-    a.compare = ("sync", "async")     # loops to run: "sync" (in-process), "async", "sync_mp" (async at staleness 0)
+    a.compare = ("sync", "async")     # loops to run: "sync" (loop.run_rl), "async", "sync_mp" (async at staleness 0)
     a.smooth = 5                      # moving-average window over steps for the reward targets
     return a
 
@@ -63,6 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.sampler.min_batch_bucket = 1
     c.rl.sampler.min_prompt_bucket = 64
     c.rl.sampler.min_new_bucket = 32
+    c.rl.sampler.chunk_tokens = 8     # weight checks every 8 of the 24 toy tokens
+    c.rl.slots_per_batch = 1          # one group per generation: workers take slots one by one
     c.rl.batch.min_rows = 8
     c.rl.batch.min_seq = 64
     c.rl.optim.lr = 3e-3

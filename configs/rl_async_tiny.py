@@ -6,7 +6,7 @@ Both loops of experiments/rl_async.py start from the SFT checkpoint experiments/
 (`async_.init_from`; the driver runs that SFT first if it is missing) and see the same RL
 prompts (train seeds after the SFT ones) in the same batching: a worker generates one step's
 `prompts_per_step` groups in one batch, like rl.py. `exp.steps` is the step count of every loop;
-`async_.slots_per_batch = 0` and `async_.queue_depth = 0` mean `rl.prompts_per_step` (computed at use).
+`rl.slots_per_batch = 0` and `async_.queue_depth = 0` mean `rl.prompts_per_step` (computed at use).
 
     python experiments/rl_async.py --config=configs/rl_async_tiny.py
 """
@@ -25,9 +25,8 @@ def get_config() -> ml_collections.ConfigDict:
     a.run_dir = "runs/rl_async_tiny"
     a.max_staleness = 1                     # generate step t+1 while the trainer trains step t
     a.num_rollout_workers = 1
-    a.slots_per_batch = 0                   # 0 = rl.prompts_per_step: one step's groups per generation (as rl.py)
+    c.rl.slots_per_batch = 0                # 0 = rl.prompts_per_step: one step's groups per generation (as rl.py)
     a.queue_depth = 0                       # 0 = rl.prompts_per_step
-    a.chunk_tokens = 16                     # decode steps between weight checks (in-flight updates)
     a.threads_per_process = 1
     c.rl.checkpoint_every = 1               # the async trainer checkpoints every step
     return c

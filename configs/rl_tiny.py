@@ -95,6 +95,9 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         min_batch_bucket=1,       # compile-shape buckets (powers of two >= these)
         min_prompt_bucket=64,
         min_new_bucket=32,
+        chunk_tokens=16,          # decode steps between weight polls (in-flight updates, SPEC §4.1; with
+        #                           weights that do not change, any value gives the same samples)
+        kv_mode="keep",           # at a weight switch: "keep" the old KV cache | "recompute" the prefill
     ))
     # --- batch layout (horizon.rl.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(
@@ -119,6 +122,8 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
     r.max_checkpoints = 2
     # --- prompt sampler (horizon.rl.prompts): single epoch + late hard-prompt oversampling
     r.prompts_per_step = 2
+    r.slots_per_batch = 0             # groups rolled out in one batched generation (0 = prompts_per_step;
+    #                                   must divide it; horizon.rl.runtime)
     r.hard_prompt_start_step = -1     # step from which hard prompts are oversampled (-1 = never)
     r.hard_prompt_weight = 1.0        # p(prompt) ~ exp(weight * (hardness - 1))
     r.hard_prompt_turns_weight = 1.0  # hardness mixes turns ...

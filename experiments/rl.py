@@ -47,8 +47,7 @@ import jax
 import numpy as np
 
 from horizon.agent.prompt import Message, render, task_text
-from horizon.env.rollouts import SandboxPool
-from horizon.rl import checks, loop, sampler
+from horizon.rl import checks, loop, sampler, workers
 from horizon.tools.format import parse_action
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
@@ -118,22 +117,21 @@ def main(argv=None):
     t_start = time.time()
     out, tok, log, family = loop.start_run(c)
     keys = run_keys(c.seed)
-    k_init, k_rl, k_chk = keys["init"], keys["rl"], keys["check"]
-    pool = SandboxPool.from_config(c)
-    print(f"{len(pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
+    env = workers.family_env(c)
+    print(f"{len(env.pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
     try:
-        params = loop.config_edit_warm_start(c, family, tok, out, log, k_init)
+        params = loop.config_edit_warm_start(c, family, tok, out, log, keys["init"])
         heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
         if not (out / "ckpt").is_dir():
             t0 = time.time()
-            chk = dict(sft_check(params, family, heldout, c, tok, k_chk), phase="sft_check")
+            chk = dict(sft_check(params, family, heldout, c, tok, keys["check"]), phase="sft_check")
             log(dict(chk, check_s=time.time() - t0))
             print(f"SFT check on {len(heldout)} held-out prompts: well-formed greedy {chk['greedy_wellformed']:.2f} "
                   f"sampled {chk['sampled_wellformed']:.2f}; correct greedy {chk['greedy_correct']:.2f} sampled "
                   f"{chk['sampled_correct']:.2f} (no sandbox); e.g. {chk['greedy_example']!r}", flush=True)
-        res = loop.run_rl(params, family, pool, c, tok, out, log, k_rl, heldout)
+        res = loop.run_rl(params, env, c, tok, out, log, evaluate=loop.heldout_evaluator(env, heldout, c, tok))
     finally:
-        pool.close()
+        env.close()
     summary = dict(loop.gain_summary(res["evals"], log.records), wall_s=time.time() - t_start)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if c.exp.plot:

@@ -2,8 +2,8 @@
 
 Runs, on the same env / model / optimizer / prompt order (configs/rl_async.py):
 
-1. ``sync``:  the single-process synchronous loop (`async_loop.run_sync_inprocess`: roll out
-   the step's groups with the current weights, then train; like experiments/rl.py);
+1. ``sync``:  the synchronous loop, `loop.run_rl` (experiments/rl.py's loop: roll out the step's
+   groups with the current weights, then train) in one child process with the workers' XLA flags;
 2. ``async``: the multi-process loop (`async_loop.Orchestrator`): trainer + rollout workers,
    staleness bound `async_.max_staleness`, in-flight weight updates, delta weight sync;
 3. optionally ``sync_mp``: the same multi-process loop with max_staleness=0.
@@ -64,7 +64,8 @@ def main(argv=None):
 
     if "sync" in c.async_.compare:
         t0 = time.time()
-        r = async_loop.run_sync_inprocess(c, out / "sync", steps)
+        async_loop.run_child(c, async_loop.sync_main, c, str(out / "sync"))
+        r = async_loop.summarize_sync(out / "sync")
         r["total_wall_s"] = time.time() - t0
         results["sync"] = r
         print(f"[sync]  {steps} steps in {r['wall_s']:.1f}s: {r['rollout_tokens_per_s']:.1f} rollout tok/s, "

@@ -33,7 +33,7 @@ import time
 from horizon.env.rollouts import SandboxPool
 from horizon.env.selfsum import copy_probe, key_copy_check, plot, table, warm_start_demos, with_strategy
 from horizon.model import transformer
-from horizon.rl import checks, loop
+from horizon.rl import checks, loop, workers
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
 
@@ -50,9 +50,7 @@ def main(argv=None):
     c = load_config(argv)
     t_start = time.time()
     out, tok, log, family = loop.start_run(c)
-    keys = run_keys(c.seed)        # the same init / RL keys as before run_keys (split(k, n)[i] is n-independent)
-    k_init, k_rl = keys["init"], keys["rl"]
-    params = loop.two_stage_sft(transformer.init(k_init, c.model), warm_start_demos(family, c, tok), c, out, log,
+    params = loop.two_stage_sft(transformer.init(run_keys(c.seed)["init"], c.model), warm_start_demos(family, c, tok), c, out, log,
                                 probe=copy_probe(family, c, tok))
     t0 = time.time()
     chk = key_copy_check(params, family, c, tok)
@@ -65,7 +63,9 @@ def main(argv=None):
     try:
         for s in c.exp.strategies:
             cs = with_strategy(c, s)
-            res = loop.run_rl(params, family, pool, cs, tok, out / s, log, k_rl, heldout, tag=f"{s}: ")
+            env = workers.family_env(cs, pool=pool)      # borrows the pool: every strategy in the same sandboxes
+            res = loop.run_rl(params, env, cs, tok, out / s, log, evaluate=loop.heldout_evaluator(env, heldout, cs, tok),
+                              tag=f"{s}: ")
             ev = res["evals"]
             results[s] = {"start": ev[min(ev)], "end": ev[max(ev)]}
     finally:

@@ -43,6 +43,7 @@ def _set_call_policy(tok):
     def policy(contexts, max_new_tokens):
         return [Generation(toks[:max_new_tokens], np.full(min(len(toks), max_new_tokens), -1.0, np.float32))
                 for _ in contexts]
+    policy.state = {"switches": 0, "tokens": 0}      # what `sampler.make_policy` counts
     return policy
 
 
@@ -51,12 +52,13 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     returns (the batches the trainer step received, the episodes' trajectories)."""
     from horizon.data.tokenizer import ByteTokenizer
     from horizon.model import transformer
+    from horizon.env import rollouts as env_rollouts
     from horizon.rl import loop, sampler, trainer
 
     drv = _driver("rl")
     tok = ByteTokenizer()
     batches, trajs = [], []
-    real_rollout = loop.rollout_batch
+    real_rollout = env_rollouts.rollout_batch
 
     def rollout(*a, **k):
         out = real_rollout(*a, **k)
@@ -72,7 +74,7 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
                                                           greedy_correct=0.0, sampled_correct=0.0, greedy_example=""))
     monkeypatch.setattr(sampler, "make_policy", lambda *a, **k: _set_call_policy(tok))
     monkeypatch.setattr(trainer, "train_step", train_step)
-    monkeypatch.setattr(loop, "rollout_batch", rollout)
+    monkeypatch.setattr(env_rollouts, "rollout_batch", rollout)
     drv.main(["--config=configs/rl_tiny.py", f"--config.exp.out_dir={tmp_path / 'run'}", *LOCAL, *extra])
     return batches, trajs
 
@@ -96,7 +98,7 @@ def test_max_turns_override_reaches_the_episode(monkeypatch, tmp_path):
 def test_exp_steps_override_sets_the_async_step_count(tmp_path):
     """`exp.steps` is every loop's step count, and the RL schedule's (one FieldReference); the toy
     sync loop of experiments/rl_async.py runs exactly that many steps."""
-    from horizon.rl import async_loop
+    from horizon.rl import async_loop, runtime
 
     drv = _driver("rl_async")
     c = drv.load_config(["--config=configs/rl_async.py", "--config.exp.steps=3", "--config.model.num_layers=2",
@@ -105,8 +107,9 @@ def test_exp_steps_override_sets_the_async_step_count(tmp_path):
     assert int(c.exp.steps) == 3 and int(c.rl.optim.steps) == 3
     c2 = drv.load_config(["--config=configs/rl_async_tiny.py", "--config.rl.prompts_per_step=3",
                           "--config.exp.backend=local"])
-    assert async_loop.batch_slots(c2) == 3 and async_loop.worker_queue_depth(c2) == 3   # derived after overrides
-    r = async_loop.run_sync_inprocess(c, tmp_path / "sync", int(c.exp.steps))
+    assert runtime.batch_slots(c2) == 3 and async_loop.worker_queue_depth(c2) == 3   # derived after overrides
+    async_loop.run_child(c, async_loop.sync_main, c, str(tmp_path / "sync"))
+    r = async_loop.summarize_sync(tmp_path / "sync")
     assert r["steps"] == 3 and len(r["rewards"]) == 3
 
 
@@ -153,10 +156,11 @@ def _containers():
     ("eval", ["--config.eval.checkpoints=('rl=/no/such/dir',)"], r"eval\.checkpoints\[rl\]='/no/such/dir'"),
     ("eval", ["--config.eval.checkpoints=('oops',)"], r"must be 'NAME=DIR'"),
     ("rl_async", ["--config=configs/rl_async.py", "--config.async_.compare=('sync', 'x')"], r"async_\.compare"),
-    ("rl_async", ["--config=configs/rl_async.py", "--config.async_.slots_per_batch=-1"], r"slots_per_batch=-1"),
+    ("rl_async", ["--config=configs/rl_async.py", "--config.rl.slots_per_batch=3"],
+     r"rl\.slots_per_batch=3: must divide rl\.prompts_per_step=2"),
     ("pretrain", ["--config.train.warmup_steps=300"], r"train\.warmup_steps=300: must be < train\.steps=300"),
     ("pretrain", ["--config.mesh.preset=ep4xcp2"], r"mesh\.preset='ep4xcp2'"),
-    ("rl", ["--config.exp.pool_size=4"], r"exp\.pool_size=4: must hold one step's rollouts"),
+    ("rl", ["--config.exp.pool_size=4"], r"exp\.pool_size=4: must hold one generation's rollouts"),
     ("rl", ["stray"], r"unexpected argument 'stray'"),
 ])
 def test_each_driver_refuses_bad_values_in_one_line(capsys, driver, argv, message):

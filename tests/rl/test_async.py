@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from horizon.model import transformer
-from horizon.rl import async_loop, checks, sampler, storage, trainer, workers
+from horizon.rl import async_loop, checks, runtime, sampler, storage, trainer, workers
 from horizon.rl import weight_sync as ws
 from horizon.utils.config import load_config_file
 
@@ -133,9 +133,9 @@ def test_experiment_env_batches_slots_of_rl_py_task(inflight_env):
     c = load_config_file(ROOT / "configs" / "rl_async_tiny.py")
     c.model.num_layers, c.model.d_model = 2, 32          # p0's shapes
     c.rl.group_size, c.exp.pool_size, c.exp.backend = 2, 4, "local"
-    c.async_.slots_per_batch = 2
+    c.rl.slots_per_batch = 2
     checks.validate_async(c)
-    ids = async_loop.prompt_ids_for(c, 2)
+    ids = runtime.prompt_ids(c, 2)
     fam = family_from_config(c.exp)
     assert ids == [workers.experiment_prompt_id("config_edit", s) for s in fam.seeds("train", 2, c.exp.n_sft_tasks)]
     pol = sampler.make_policy(lambda: (p0, 7), c, jax.random.key(0), chunk_tokens=16)
@@ -174,11 +174,10 @@ def test_group_store_writes_once_and_scheduler_state_roundtrip(tmp_path):
     assert st.put(rec) and not st.put(rec)
     assert st.ready_slots() == [3] and st.get(3).max_version == 1
     ss = storage.SchedulerState(tmp_path / "s.json")
-    ss.slots[0] = dict(prompt_id="p", seed=0)
-    ss.next_slot, ss.prompt_sampler = 1, {"x": 1}
+    ss.schedule = {"requests": {"0": [dict(slot=0, prompt_id="p", seed=0)]}}
     ss.save()
     back = storage.SchedulerState.load(tmp_path / "s.json")
-    assert back.slots == {0: dict(prompt_id="p", seed=0)} and back.next_slot == 1
+    assert back.schedule == ss.schedule
 
 
 # ----------------------------------------------------------------------------- (b) kill + restart

@@ -4,7 +4,8 @@
 - `rollout_batch`: one episode per task through the agent loop (`run_episodes`: batched
   generation, tool calls in threads), then the verifier and `rewards.total_reward`;
 - `ExperimentEnv`: an experiment config's family and a pool, made on first use and closed by
-  its owner (the async runtime's rollout workers hold one each).
+  its owner (the sync loop and each async rollout worker hold one); `eval_setup` lends the pool
+  to the eval harness (one evaluator).
 """
 
 from __future__ import annotations
@@ -86,13 +87,16 @@ def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
 class ExperimentEnv:
     """The task family of an experiment config (`cfg.exp`) and a pool of reused sandboxes, made
     on first use (`exp.pool_size`, `exp.backend`, `exp.sandbox_image`); the owner closes it.
-    `seed_of(request)` is the task seed of a rollout request."""
+    `seed_of(request)` is the task seed of a rollout request. A `pool` passed in is borrowed
+    (several envs of one driver share it, e.g. experiments/selfsum.py's strategies): `close`
+    leaves it open."""
 
-    def __init__(self, cfg, seed_of: Callable[[dict], int]):
+    def __init__(self, cfg, seed_of: Callable[[dict], int], *, pool: SandboxPool | None = None):
         self.cfg = cfg
         self.seed_of = seed_of
         self.family = family_from_config(cfg.exp)
-        self._pool: SandboxPool | None = None
+        self._pool: SandboxPool | None = pool
+        self._owns_pool = pool is None
 
     @property
     def pool(self) -> SandboxPool:
@@ -109,7 +113,30 @@ class ExperimentEnv:
         return [(trajs[i * G:(i + 1) * G], rs[i * G:(i + 1) * G], infos[i * G:(i + 1) * G])
                 for i in range(len(requests))]
 
+    def eval_setup(self, tok, passes: int):
+        """A `horizon.eval.harness.EvalSetup` that runs the harness in this env's pooled sandboxes:
+        `open_fn` lends a free sandbox reset for the task, `release_fn` takes it back; episodes and
+        verification are the family's (the RL loop's periodic eval, `loop.heldout_evaluator`)."""
+        import queue
+
+        from horizon.eval.harness import EvalSetup
+
+        c, fam, pool = self.cfg, self.family, self.pool
+        free: queue.SimpleQueue = queue.SimpleQueue()
+        for b in pool.boxes:
+            free.put(b)
+
+        def lend(task):
+            sb = free.get_nowait()      # the harness never opens more than max_parallel = the pool's size
+            fam.reset(sb, task)
+            return sb
+
+        return EvalSetup(agent_cfg=c.agent, tokenizer=tok, registry_fn=None, num_passes=int(passes),
+                         max_parallel=len(pool.boxes), backend=str(c.exp.backend),
+                         verify_timeout_s=float(c.exp.verify_timeout_s), open_fn=lend, release_fn=free.put,
+                         episode_fn=lambda t, sb: make_episode(fam, t, sb, tok, c.agent), check_edits=fam.check_edits)
+
     def close(self) -> None:
-        if self._pool is not None:
+        if self._pool is not None and self._owns_pool:
             self._pool.close()
-            self._pool = None
+        self._pool = None

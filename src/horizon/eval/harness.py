@@ -92,11 +92,15 @@ def scripted_policy(tasks, tokenizer) -> Policy:
 @dataclasses.dataclass
 class EvalSetup:
     """What the harness needs besides the policy. `registry_fn(task)` gives the task's tool set;
-    `open_fn(task)` opens its sandbox (default: `open_task_sandbox(task, backend)`)."""
+    `open_fn(task)` opens its sandbox (default: `open_task_sandbox(task, backend)`) and
+    `release_fn(sandbox)` gives it back (default: close it) — hooks that let an environment lend
+    its pooled sandboxes (`horizon.env.rollouts.ExperimentEnv.eval_setup`, the RL loop's periodic
+    eval); `episode_fn(task, sandbox)`, if set, builds the episode instead of `make_episode`;
+    `check_edits`: the verifier's eager-edit check and the `eager_edit` behaviour flag."""
 
     agent_cfg: Any
     tokenizer: Any
-    registry_fn: Callable
+    registry_fn: Callable | None
     num_passes: int
     max_parallel: int = 8
     backend: str = "docker"
@@ -105,10 +109,15 @@ class EvalSetup:
     active_params: int = 0
     open_fn: Callable | None = None
     system_prompt: str | None = None     # replaces the agent's system message (e.g. synthetic.SYSTEM_PROMPT)
+    release_fn: Callable | None = None
+    episode_fn: Callable | None = None
+    check_edits: bool = True
 
 
 def make_episode(task, sandbox, setup: EvalSetup) -> Episode:
     """The agent episode the harness runs (with `setup.system_prompt` as the system message if set)."""
+    if setup.episode_fn is not None:
+        return setup.episode_fn(task, sandbox)
     ep = Episode(task, sandbox, setup.registry_fn(task), setup.tokenizer, setup.agent_cfg)
     if setup.system_prompt:
         ep.messages[0] = Message("system", setup.system_prompt, kind="system")
@@ -149,9 +158,9 @@ def _finish_one(setup: EvalSetup, task, sb, traj) -> dict:
     from horizon.tasks import verify
 
     t = time.perf_counter()
-    v = verify(task, sb, traj.final_answer, timeout=setup.verify_timeout_s)
+    v = verify(task, sb, traj.final_answer, timeout=setup.verify_timeout_s, check_edits=setup.check_edits)
     verify_s = time.perf_counter() - t
-    edited = behaviour.eager_edit(task, sb) if not task.should_edit else None
+    edited = behaviour.eager_edit(task, sb) if setup.check_edits and not task.should_edit else None
     return dict(reward=float(v.reward), tests_passed=int(v.passed), tests_total=int(v.total), verify_s=verify_s,
                 edited_files=edited)
 
@@ -192,7 +201,7 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
                 clock.stamp()
                 finished = list(pool.map(lambda a: _finish_one(setup, *a), zip([c[0] for c in chunk], boxes, trajs)))
             finally:
-                list(pool.map(lambda sb: sb.close(), boxes))
+                list(pool.map(setup.release_fn or (lambda sb: sb.close()), boxes))
             for i, ((task, p), tr, fin) in enumerate(zip(chunk, trajs, finished)):
                 processed = int(sum(len(s.tokens) for s in tr.segments))
                 rec = dict(policy=policy_name, task_id=task.id, kind=task.kind, should_edit=bool(task.should_edit),
@@ -215,6 +224,28 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
 
 
 # ------------------------------------------------------------------------------------ summaries
+EFFICIENCY_KEYS = ("completion_tokens", "summaries", "summary_tokens", "tool_calls", "turns", "malformed_calls")
+
+
+def pass_summary(records: Sequence[dict]) -> dict:
+    """The RL loop's held-out numbers from `run_eval` records of one policy: mean solved rate,
+    its std over passes (the eval noise), per-pass means, best-of-n over the n passes (unbiased
+    pass@n, `summarize`; for 0/1 rewards the mean over tasks of the max over passes), and
+    efficiency: mean per episode of EFFICIENCY_KEYS, completion tokens per solved task, summary
+    tokens per summary."""
+    n = 1 + max(r["pass_index"] for r in records)
+    per_pass = np.asarray([np.mean([r["solved"] for r in records if r["pass_index"] == p]) for p in range(n)])
+    out = dict(heldout_mean=float(per_pass.mean()), heldout_std=float(per_pass.std(ddof=1)) if n > 1 else 0.0,
+               heldout_best_of_k=summarize(records, n)[1][f"best_of_{n}"], heldout_passes=per_pass.tolist())
+    out.update({f"eval_{k}": float(np.mean([r[k] for r in records])) for k in EFFICIENCY_KEYS})
+    solved = sum(bool(r["solved"]) for r in records)
+    gen = sum(r["completion_tokens"] for r in records)
+    out["eval_tokens_per_solved"] = float(gen / solved) if solved else None
+    n_sum = sum(r["summaries"] for r in records)
+    out["eval_tokens_per_summary"] = float(sum(r["summary_tokens"] for r in records) / n_sum) if n_sum else None
+    return out
+
+
 PER_TASK_MEANS = ("completion_tokens", "tool_calls", "turns", "summaries", "latency_s", "gen_flops", "flops")
 
 

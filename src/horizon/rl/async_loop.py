@@ -1,26 +1,32 @@
 """Asynchronous RL: scheduler, trainer and rollout-worker processes (SPEC §4, §4.1, fault tolerance).
 
-Processes (one machine, `multiprocessing` spawn context, JAX in each worker; the
-orchestrator itself never imports JAX):
+The same three pieces as the synchronous loop (`horizon.rl.runtime`: prompt schedule, group
+rollout, train step), spread over processes (one machine, `multiprocessing` spawn context; each
+child gets its XLA flags from `child_env` before it imports JAX; the orchestrator runs no JAX
+computation):
 
-    orchestrator (this module, `Orchestrator.run`)
-      ├─ trainer process      `trainer_main`: waits for the groups of step t, trains, checkpoints,
-      │                        publishes version t+1 (weight_sync: delta chain on a shared dir)
-      └─ rollout workers ×W   `rollout_worker_main`: take a slot request, load the newest weights,
-                               roll out one prompt group with in-flight weight updates
-                               (`sampler.generate` polling the weight source), score it, write it to the GroupStore
+    orchestrator (this module, `Orchestrator.run`): assigns step t's prompts (`PromptSchedule`)
+      │                        and submits its generation batches under the staleness bound
+      ├─ trainer process      `trainer_main`: waits for the groups of step t, `train_groups`,
+      │                        checkpoints, publishes version t+1 (weight_sync: delta chain on a shared dir)
+      └─ rollout workers ×W   `rollout_worker_main`: take a generation batch, load the newest weights,
+                               `rollout_groups` with in-flight weight updates (`sampler.generate`
+                               polling the weight source), write each group to the GroupStore
 
 All data moves through the shared run directory (the stand-in for object storage), never
 through the trainer's pipes: the trainer can be SIGKILLed at any point and restarted without
 corrupting a queue. Layout: ``weights/`` (weight_sync), ``groups/`` (storage.GroupStore),
-``ckpt/`` (orbax, step level), ``scheduler.json`` (slot table + prompt sampler),
+``ckpt/`` (orbax, step level), ``scheduler.json`` (the prompt schedule),
 ``trainer.jsonl`` / ``events.jsonl`` (logs).
 
 **Slots.** Every group is a *slot* with a fixed index s; it moves through
 ``requested -> generating -> scored -> grouped -> trained`` (timestamps kept per slot). Step t
 trains on slots ``[t*N, (t+1)*N)`` (N = `rl.prompts_per_step`), in slot order, so the batch
 composition is a pure function of the slot contents: a restarted trainer given the same groups
-reproduces the uninterrupted run bit for bit (tests/rl/test_async.py).
+reproduces the uninterrupted run bit for bit (tests/rl/test_async.py). A step's slots are
+requested in generation batches of `rl.slots_per_batch` (one queue item each), so a batch, its
+sampling key and hence its samples do not depend on timing: at ``max_staleness = 0`` this runtime
+trains on exactly the groups `loop.run_rl` trains on (tests/rl/test_one_loop.py).
 
 **Staleness bound (admission control, SkyRL style).** Slot s is consumed at step ``s // N``,
 i.e. by weights version ``s // N``; a rollout started when version v is the newest published
@@ -35,7 +41,8 @@ In-flight updates then make long rollouts *less* stale than their start version.
 re-adopts the newest published weights as the delta base (re-publishing an existing version
 checks it is bit-identical), then consumes the ready groups of the next step from the store —
 nothing is regenerated. Scheduler: reloads ``scheduler.json``; slots with a group file are
-"grouped", assigned slots without one are re-requested with the same prompt and seed.
+"grouped", a generation batch with a slot without one is re-requested whole (same prompts,
+same key; the store keeps the groups it already has).
 Rollout-level checkpoints (sandbox snapshots, `storage.RolloutCheckpoints`) exist as an
 optional restore path for long multi-turn rollouts; this loop does not use them (a
 killed worker's slot is re-requested from scratch).
@@ -46,8 +53,8 @@ with local processes; a Ray (or Slurm, k8s) implementation would start the same
 through its queues; the shared directory becomes object storage. Ray is not installed here,
 so no Ray pool is shipped (`make_pool("ray")` raises with that explanation).
 
-`run_sync_inprocess` is the single-process synchronous baseline (generate, then train, in
-one process — like experiments/rl.py) used for the equal-wall-time comparison.
+experiments/rl_async.py's synchronous baseline is `loop.run_rl` itself, run in a child process
+with the same XLA flags and threads as these (`MultiprocessingPool.run`).
 """
 
 from __future__ import annotations
@@ -65,8 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from horizon.rl import storage, weight_sync
-from horizon.utils.seeds import run_keys
+from horizon.rl import runtime, storage, weight_sync
 
 def numpy_init(mcfg, seed: int) -> dict:
     """`horizon.model.params.numpy_init`, imported lazily: this module keeps jax out of import time
@@ -80,31 +86,11 @@ SLOT_STATES = ("requested", "generating", "scored", "grouped", "trained")
 
 
 # ----------------------------------------------------------------------------- config helpers
-def batch_slots(cfg) -> int:
-    """Slots a worker batches into one generation: `async_.slots_per_batch`, 0 = one step's
-    groups (`rl.prompts_per_step`, as experiments/rl.py generates). Computed at use, so an
-    override of `rl.prompts_per_step` moves it."""
-    n = int(cfg.async_.slots_per_batch)
-    return n if n > 0 else int(cfg.rl.prompts_per_step)
-
-
 def worker_queue_depth(cfg) -> int:
-    """Outstanding slot requests per worker: `async_.queue_depth`, 0 = `rl.prompts_per_step`."""
+    """Outstanding slot requests per worker: `async_.queue_depth`, 0 = `rl.prompts_per_step`
+    (at least one generation batch, `runtime.batch_slots`)."""
     n = int(cfg.async_.queue_depth)
-    return n if n > 0 else int(cfg.rl.prompts_per_step)
-
-
-def prompt_ids_for(cfg, total: int) -> list[str]:
-    """The prompt set: toy ids, or the experiment family's RL prompts — train seeds after the
-    `exp.n_sft_tasks` SFT ones, exactly experiments/rl.py's prompt set."""
-    a = cfg.async_
-    if a.env == "toy":
-        return [f"toy_{i}" for i in range(int(a.prompt_start), int(a.prompt_start) + total)]
-    from horizon.rl.workers import experiment_prompt_id  # noqa: PLC0415
-    from horizon.env.families import family_from_config  # noqa: PLC0415
-
-    seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks))
-    return [experiment_prompt_id(str(cfg.exp.env), s) for s in seeds]
+    return max(n if n > 0 else int(cfg.rl.prompts_per_step), runtime.batch_slots(cfg))
 
 
 def initial_params(cfg):
@@ -171,7 +157,6 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
     _setup_jax(cfg)
     import jax  # noqa: PLC0415
 
-    from horizon.rl import batch as rlbatch  # noqa: PLC0415
     from horizon.rl import trainer  # noqa: PLC0415
     from horizon.train.checkpoint import Checkpointer  # noqa: PLC0415
 
@@ -200,10 +185,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
             time.sleep(float(a.poll_s))
         t_wait = time.time() - t0
         recs = [store.get(s) for s in slots]
-        b = rlbatch.build_batch_from_config([r.trajectories for r in recs],
-                                            np.asarray([r.rewards for r in recs], np.float32), cfg)
-        state, m = trainer.train_step(state, b, cfg=cfg)
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
+        state, m, _ = runtime.train_groups(state, recs, cfg)
         t_train = time.time() - t0 - t_wait
         ckpt.save(step + 1, state, {"step": step + 1}, force=step + 1 == num_steps)
         if (step + 1) % int(a.publish_every) == 0 or step + 1 == num_steps:
@@ -223,7 +205,8 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
 
 # ----------------------------------------------------------------------------- rollout process
 def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> None:
-    """Rollout worker: request -> newest weights -> group rollout (in-flight updates) -> GroupStore."""
+    """Rollout worker: a generation batch of slot requests -> newest weights -> `runtime.rollout_groups`
+    (in-flight updates) -> GroupStore."""
     _setup_jax(cfg)
     import jax  # noqa: PLC0415
 
@@ -236,60 +219,24 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
     template = jax.eval_shape(lambda: numpy_init(cfg.model, 0))
     source = workers.WeightSource(run / "weights", template, min_interval_s=float(a.weight_poll_interval_s))
     store = storage.GroupStore(run / "groups")
-    env = workers.ENVS[str(a.env)](cfg)       # this worker's environment (its pooled sandboxes)
-    base_key = run_keys(cfg.seed)["rollout"]
+    env = workers.ENVS[runtime.env_name(cfg)](cfg)       # this worker's environment (its pooled sandboxes)
     name = f"w{worker_id}"
     try:
-        _serve(requests, events, env, source, store, cfg, tok, base_key, name)
+        while (reqs := requests.get()) is not None:      # one item = one generation batch (runtime docstring)
+            for r in reqs:
+                events.put(dict(kind="generating", slot=int(r["slot"]), worker=name, time=time.time()))
+            source.wait_for(max(int(r["min_version"]) for r in reqs), float(a.weights_timeout_s))
+            recs, info = runtime.rollout_groups(env, reqs, source.poll, cfg, tok, worker=name)
+            for rec in recs:
+                events.put(dict(kind="scored", slot=rec.slot, worker=name, time=time.time()))
+                wrote = store.put(rec)
+                events.put(dict(kind="grouped", slot=rec.slot, worker=name, time=time.time(), wrote=wrote,
+                                tokens=rec.generated_tokens, seconds=rec.seconds, min_version=rec.min_version,
+                                max_version=rec.max_version, start_version=rec.start_version,
+                                switches=info["switches"], reward=float(np.mean(rec.rewards)),
+                                success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in rec.infos]))))
     finally:
         env.close()
-
-
-def _serve(requests, events, env, source, store, cfg, tok, base_key, name) -> None:
-    """The rollout worker's request loop (`rollout_worker_main`)."""
-    import jax  # noqa: PLC0415
-
-    from horizon.rl import sampler, workers  # noqa: PLC0415
-
-    a = cfg.async_
-    stop = False
-    while not stop:
-        req = requests.get()
-        if req is None:
-            break
-        reqs = [req]       # batch the requests already queued (one generation for all their rollouts)
-        while len(reqs) < batch_slots(cfg):
-            try:
-                r = requests.get(timeout=float(a.batch_wait_s))
-            except queue_mod.Empty:
-                break
-            if r is None:
-                stop = True
-                break
-            reqs.append(r)
-        for r in reqs:
-            events.put(dict(kind="generating", slot=int(r["slot"]), worker=name, time=time.time()))
-        source.wait_for(max(int(r["min_version"]) for r in reqs), float(a.weights_timeout_s))
-        start_version = source.poll()[1]
-        policy = sampler.make_policy(source.poll, cfg, jax.random.fold_in(base_key, int(reqs[0]["seed"])),
-                                     chunk_tokens=int(a.chunk_tokens), kv_mode=str(a.kv_mode))
-        t0 = time.time()
-        results = env.rollouts(reqs, policy, tok)
-        dt = time.time() - t0
-        for r, (trajs, rs, infos) in zip(reqs, results):
-            slot = int(r["slot"])
-            lo, hi = storage.group_versions(trajs)
-            gen = int(sum(t.num_generated_tokens for t in trajs))
-            events.put(dict(kind="scored", slot=slot, worker=name, time=time.time()))
-            rec = storage.GroupRecord(slot=slot, prompt_id=r["prompt_id"], trajectories=trajs, rewards=list(rs),
-                                      advantages=workers.group_advantages(rs, cfg), min_version=lo, max_version=hi,
-                                      start_version=int(start_version), generated_tokens=gen, worker=name,
-                                      seconds=dt, infos=infos)
-            wrote = store.put(rec)
-            events.put(dict(kind="grouped", slot=slot, worker=name, time=time.time(), wrote=wrote,
-                            tokens=gen, seconds=dt, min_version=lo, max_version=hi, start_version=int(start_version),
-                            switches=int(policy.state["switches"]), reward=float(np.mean(rs)),
-                            success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos]))))
 
 
 # ----------------------------------------------------------------------------- worker pools
@@ -323,6 +270,52 @@ class WorkerPool(abc.ABC):
     def close(self) -> None: ...
 
 
+def spawn(ctx, env: dict[str, str], target, args):
+    """Start `target(*args)` in a daemon child of `ctx` with `env` added to its environment."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)       # spawn children inherit the parent's environment
+    try:
+        p = ctx.Process(target=target, args=args, daemon=True)
+        p.start()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return p
+
+
+def run_child(cfg, target, *args) -> None:
+    """Run `target(*args)` in a spawned child with the XLA flags and threads of the runtime's
+    processes (`child_env`) and wait for it; raises if it fails."""
+    p = spawn(mp.get_context("spawn"), child_env(cfg), target, args)
+    p.join()
+    if p.exitcode != 0:
+        raise RuntimeError(f"{getattr(target, '__name__', target)} exited with code {p.exitcode}")
+
+
+def sync_main(cfg, run_dir: str) -> None:
+    """experiments/rl_async.py's synchronous baseline: `loop.run_rl` (the one loop) on the
+    runtime's environment from `initial_params(cfg)`, `exp.steps` steps, logging to
+    run_dir/metrics.jsonl, checkpointing to run_dir/ckpt and keeping its groups in run_dir/groups
+    (the async layout); run it with `run_child`."""
+    _setup_jax(cfg)
+    from horizon.data.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from horizon.rl import loop, workers  # noqa: PLC0415
+
+    run = pathlib.Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    env = workers.ENVS[runtime.env_name(cfg)](cfg)
+    log = loop.JsonlLog(run / "metrics.jsonl")
+    try:
+        loop.run_rl(initial_params(cfg), env, cfg, ByteTokenizer(int(cfg.model.vocab_size)), run, log,
+                    store=storage.GroupStore(run / "groups"))
+    finally:
+        env.close()
+        log.close()
+
+
 class MultiprocessingPool(WorkerPool):
     """Local processes (spawn context; env from `child_env` so each JAX process stays small)."""
 
@@ -335,18 +328,7 @@ class MultiprocessingPool(WorkerPool):
         self.event_q = self.ctx.Queue()
 
     def _spawn(self, target, args):
-        old = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)       # spawn children inherit the parent's environment
-        try:
-            p = self.ctx.Process(target=target, args=args, daemon=True)
-            p.start()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        return p
+        return spawn(self.ctx, self.env, target, args)
 
     def start_trainer(self, cfg, run_dir, num_steps):
         self.trainer = self._spawn(trainer_main, (cfg, run_dir, num_steps))
@@ -453,39 +435,43 @@ class Orchestrator:
         self.N = int(cfg.rl.prompts_per_step)
         self.sched = StalenessScheduler(self.N, int(a.max_staleness))
         self.store = storage.GroupStore(self.run_dir / "groups")
-        self.total_slots = self.num_steps * self.N
+        self.schedule = runtime.PromptSchedule(cfg, self.num_steps, lag=int(a.max_staleness))
         st = storage.SchedulerState.load(self.run_dir / "scheduler.json")
-        from horizon.rl import prompts  # noqa: PLC0415 - numpy only
-
         if st is None:
             st = storage.SchedulerState(self.run_dir / "scheduler.json")
-            ids = prompt_ids_for(cfg, self.total_slots)
-            self.psamp = prompts.PromptSampler(ids, seed=int(cfg.seed))
         else:
-            self.psamp = prompts.PromptSampler.from_state_dict(st.prompt_sampler)
+            self.schedule.load_state_dict(st.schedule)
         self.state = st
         self.slots: dict[int, dict] = {}
         self.events_log = self.run_dir / "events.jsonl"
         self.trainer_restarts = 0
 
-    def _assign(self, slot: int) -> dict:
-        if slot in self.state.slots:
-            return self.state.slots[slot]
-        ids = self.psamp.sample(1, self.sched.step_of(slot))
-        if not ids:
-            raise RuntimeError("prompt set exhausted (single epoch)")
-        info = dict(prompt_id=ids[0], seed=int(slot))
-        self.state.slots[slot] = info
-        self.state.next_slot = max(self.state.next_slot, slot + 1)
-        self.state.prompt_sampler = self.psamp.state_dict()
-        self.state.save()
-        return info
+    def _batches(self, step: int) -> list[list[dict]]:
+        """`step`'s generation batches, assigning its prompts first if new (after feeding the
+        schedule the rollout stats of every step it needs: those groups are in the store, since
+        admission lets step t start only once version t - max_staleness is published)."""
+        sch = self.schedule
+        if step not in sch.requests:
+            while sch.fed < step - sch.lag:
+                f = sch.fed
+                sch.feed(f, [self.store.get(x) for x in range(f * self.N, (f + 1) * self.N)])
+            if sch.assign(step) is None:
+                raise RuntimeError("prompt set exhausted (single epoch)")
+            self.state.schedule = sch.state_dict()
+            self.state.save()
+        return sch.batches(step)
 
-    def _request(self, slot: int, version: int) -> None:
-        info = self._assign(slot)
-        self.pool.submit(dict(slot=slot, prompt_id=info["prompt_id"], seed=info["seed"], min_version=int(version)))
-        self.slots[slot] = dict(state="requested", requested=time.time(), prompt_id=info["prompt_id"],
-                                admitted_at_version=int(version))
+    def _request(self, batch: list[dict], version: int, ready: set[int]) -> int:
+        """Submit one generation batch (all its slots: the batch and its key stay those of an
+        uninterrupted run; a slot already in the store is not overwritten). Returns slots made outstanding."""
+        self.pool.submit([dict(r, min_version=int(version)) for r in batch])
+        n = 0
+        for r in batch:
+            if r["slot"] not in ready:
+                self.slots[r["slot"]] = dict(state="requested", requested=time.time(), prompt_id=r["prompt_id"],
+                                             admitted_at_version=int(version))
+                n += 1
+        return n
 
     def run(self) -> dict:
         a = self.cfg.async_
@@ -495,10 +481,9 @@ class Orchestrator:
         ready = set(self.store.ready_slots())
         for s in ready:
             self.slots[s] = dict(state="grouped", resumed=True)
-        pending = [s for s in sorted(self.state.slots) if s not in ready]   # assigned, never finished
         self.pool.start_trainer(self.cfg, str(self.run_dir), self.num_steps)
         self.pool.start_rollout_workers(self.cfg, str(self.run_dir), int(a.num_rollout_workers))
-        next_slot = 0
+        step, j = 0, 0                 # the next generation batch to request: batch j of step `step`
         killed = False
         max_outstanding = int(a.num_rollout_workers) * worker_queue_depth(self.cfg)
         try:
@@ -522,19 +507,18 @@ class Orchestrator:
                     _jsonl(self.events_log, dict(kind="trainer_restart", exitcode=code, time=time.time()))
                     self.pool.start_trainer(self.cfg, str(self.run_dir), self.num_steps)
                 outstanding = sum(d["state"] in ("requested", "generating", "scored") for d in self.slots.values())
-                while outstanding < max_outstanding:
-                    if pending:
-                        s = pending[0]
-                    else:
-                        while next_slot in self.slots:
-                            next_slot += 1
-                        s = next_slot
-                    if s >= self.total_slots or not self.sched.can_admit(s, v):
+                while step < self.num_steps and self.sched.can_admit(step * self.N, v):
+                    batches = self._batches(step)
+                    if j == len(batches):
+                        step, j = step + 1, 0
+                        continue
+                    if all(r["slot"] in ready for r in batches[j]):
+                        j += 1
+                        continue
+                    if outstanding and outstanding + len(batches[j]) > max_outstanding:
                         break
-                    if pending:
-                        pending.pop(0)
-                    self._request(s, v)
-                    outstanding += 1
+                    outstanding += self._request(batches[j], v, ready)
+                    j += 1
                 for e in self.pool.events(float(a.poll_s)):
                     d = self.slots.setdefault(e["slot"], {})
                     d["state"] = e["kind"]
@@ -550,6 +534,17 @@ class Orchestrator:
 
 
 # ----------------------------------------------------------------------------- summaries
+def summarize_sync(run_dir, wall_s: float | None = None) -> dict:
+    """`summarize`'s numbers for a `sync_main` run (its metrics.jsonl)."""
+    p = pathlib.Path(run_dir) / "metrics.jsonl"
+    recs = [r for r in map(json.loads, p.read_text().splitlines()) if r.get("phase") == "rl"]
+    span = recs[-1]["time_s"] if recs else None
+    toks = int(sum(r["gen_tokens"] for r in recs))
+    return dict(steps=len(recs), rewards=[r["reward_mean"] for r in recs], times=[r["time_s"] for r in recs],
+                generated_tokens=toks, rollout_tokens_per_s=toks / span if span else None,
+                trainer_steps_per_s=len(recs) / span if span else None, wall_s=wall_s if wall_s is not None else span)
+
+
 def read_trainer_log(run_dir) -> list[dict]:
     p = pathlib.Path(run_dir) / "trainer.jsonl"
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
@@ -581,48 +576,3 @@ def summarize(run_dir, wall_s: float | None = None) -> dict:
                 trainer_wait_s=float(sum(r["wait_s"] for r in ordered)),
                 trainer_train_s=float(sum(r["train_s"] for r in ordered)),
                 publish=[p for r in ordered for p in r.get("publish", [])], wall_s=wall_s)
-
-
-# ----------------------------------------------------------------------------- sync baseline
-def run_sync_inprocess(cfg, run_dir, num_steps: int) -> dict:
-    """Single-process synchronous loop on the same env/model/optimizer: roll out the N groups of
-    step t with version t, train, repeat (the baseline for experiments/rl_async.py)."""
-    _setup_jax(cfg)
-    import jax  # noqa: PLC0415
-
-    from horizon.data.tokenizer import ByteTokenizer  # noqa: PLC0415
-    from horizon.rl import batch as rlbatch  # noqa: PLC0415
-    from horizon.rl import prompts, sampler, trainer, workers  # noqa: PLC0415
-
-    run = pathlib.Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    N = int(cfg.rl.prompts_per_step)
-    tok = ByteTokenizer(int(cfg.model.vocab_size))
-    psamp = prompts.PromptSampler(prompt_ids_for(cfg, num_steps * N), seed=int(cfg.seed))
-    state = trainer.init_state(initial_params(cfg), cfg)
-    env = workers.ENVS[str(cfg.async_.env)](cfg)
-    base_key = run_keys(cfg.seed)["rollout"]
-    t0 = time.time()
-    out = []
-    toks = 0
-    for step in range(num_steps):
-        version, params = step, state.params
-        reqs = [dict(slot=step * N + i, prompt_id=pid, seed=step * N + i) for i, pid in enumerate(psamp.sample(N, step))]
-        recs = []
-        B = batch_slots(cfg)                      # the same batching as a rollout worker
-        for j in range(0, N, B):
-            pol = sampler.make_policy(lambda p=params, v=version: (p, v), cfg,
-                                      jax.random.fold_in(base_key, reqs[j]["seed"]),
-                                      chunk_tokens=int(cfg.async_.chunk_tokens), kv_mode="keep")
-            recs += [(trajs, rs) for trajs, rs, _ in env.rollouts(reqs[j:j + B], pol, tok)]
-        toks += int(sum(t.num_generated_tokens for trajs, _ in recs for t in trajs))
-        b = rlbatch.build_batch_from_config([r[0] for r in recs], np.asarray([r[1] for r in recs], np.float32), cfg)
-        state, m = trainer.train_step(state, b, cfg=cfg)
-        rec = dict(step=step + 1, time=time.time() - t0, reward_mean=float(m["reward_mean"]), tokens=toks)
-        out.append(rec)
-        _jsonl(run / "sync.jsonl", rec)
-    span = time.time() - t0
-    env.close()
-    return dict(steps=num_steps, rewards=[r["reward_mean"] for r in out], times=[r["time"] for r in out],
-                generated_tokens=toks, rollout_tokens_per_s=toks / span, trainer_steps_per_s=num_steps / span,
-                wall_s=span)

@@ -65,8 +65,12 @@ def validate_rl(c, steps: int) -> None:
     s = r.sampler
     need_float(s, "temperature", "rl.sampler", 0.0)
     need_float(s, "top_p", "rl.sampler", 0.0, 1.0, lo_open=True)
-    for k in ("min_batch_bucket", "min_prompt_bucket", "min_new_bucket"):
+    for k in ("min_batch_bucket", "min_prompt_bucket", "min_new_bucket", "chunk_tokens"):
         need_int(s, k, "rl.sampler", lo=1)
+    need_choice(s, "kv_mode", "rl.sampler", KV_MODES)
+    n = need_int(r, "slots_per_batch", "rl", lo=0)
+    need(n == 0 or int(r.prompts_per_step) % n == 0, "rl.slots_per_batch", n,
+         f"must divide rl.prompts_per_step={r.prompts_per_step} (0 = all of them)")
     b = r.batch
     for k in ("min_rows", "min_seq", "min_groups"):
         need_int(b, k, "rl.batch", lo=1)
@@ -117,6 +121,16 @@ def validate_family(c, env: str | None) -> None:
         raise ConfigError(f"exp.task: {' '.join(str(err).split())}") from None
 
 
+def validate_pool_size(c) -> None:
+    """`exp.pool_size` holds one generation batch's rollouts (`runtime.batch_slots` * group size)."""
+    from horizon.rl.runtime import batch_slots
+
+    slots = batch_slots(c) * int(c.rl.group_size)
+    need(int(c.exp.pool_size) >= slots, "exp.pool_size", c.exp.pool_size,
+         f"must hold one generation's rollouts (rl.slots_per_batch or rl.prompts_per_step, times rl.group_size "
+         f"= {slots})")
+
+
 def validate_sandboxes(c) -> None:
     """`exp.backend` and, for Docker, that the engine answers and has `exp.sandbox_image`."""
     e = c.exp
@@ -151,9 +165,7 @@ def validate_experiment(c, env: str) -> None:
     validate_rl(c, steps)
     validate_family(c, env)
     need_int(e, "n_sft_tasks", "exp", lo=1)
-    rollouts = int(c.rl.group_size) * int(c.rl.prompts_per_step)
-    need(int(e.pool_size) >= rollouts, "exp.pool_size", e.pool_size,
-         f"must hold one step's rollouts (rl.group_size * rl.prompts_per_step = {rollouts})")
+    validate_pool_size(c)
     validate_sandboxes(c)
     validate_sft(c)
     ev = e.eval
@@ -180,19 +192,16 @@ def validate_async(c) -> None:
     validate_rl(c, steps)
     a = c.async_
     need_int(a, "max_staleness", "async_", lo=0)
-    for k in ("num_rollout_workers", "publish_every", "full_every", "chunk_tokens", "keep_fulls", "shard_elems", "publish_threads", "threads_per_process",
-              "toy_max_new_tokens", "smooth"):
+    for k in ("num_rollout_workers", "publish_every", "full_every", "keep_fulls", "shard_elems", "publish_threads",
+              "threads_per_process", "toy_max_new_tokens", "smooth"):
         need_int(a, k, "async_", lo=1)
-    for k in ("slots_per_batch", "queue_depth"):      # 0 = rl.prompts_per_step (async_loop.batch_slots)
-        need_int(a, k, "async_", lo=0)
+    need_int(a, "queue_depth", "async_", lo=0)      # 0 = rl.prompts_per_step (async_loop.worker_queue_depth)
     need_int(a, "prompt_start", "async_", lo=0)
     for k in ("poll_s", "weights_timeout_s"):
         need_float(a, k, "async_", 0.0, lo_open=True)
-    for k in ("batch_wait_s", "weight_poll_interval_s"):
-        need_float(a, k, "async_", 0.0)
+    need_float(a, "weight_poll_interval_s", "async_", 0.0)
     need_choice(a, "env", "async_", ("toy", "experiment"))
     need_choice(a, "pool", "async_", ("multiprocessing",))
-    need_choice(a, "kv_mode", "async_", KV_MODES)
     need_choice(a, "codec", "async_", CODECS)
     need_choice(a, "publish_dtype", "async_", DTYPES)
     need(len(a.compare) > 0 and all(x in ASYNC_LOOPS for x in a.compare), "async_.compare", a.compare,
@@ -201,11 +210,7 @@ def validate_async(c) -> None:
     if a.env == "experiment":
         validate_agent_budget(c)
         validate_family(c, None)
-        from horizon.rl.async_loop import batch_slots
-
-        slots = batch_slots(c) * int(c.rl.group_size)
-        need(int(c.exp.pool_size) >= slots, "exp.pool_size", c.exp.pool_size,
-             f"must hold one generation's rollouts (slots per batch * rl.group_size = {slots})")
+        validate_pool_size(c)
         validate_sandboxes(c)
         if str(a.init_from):     # made by experiments/rl_async.py with rl.py's SFT stage if missing
             validate_sft(c)

@@ -1,16 +1,17 @@
 """Synchronous RL on a procedural task family in sandboxes (SPEC §4, §6, §7).
 
-The shared core of experiments/rl.py (config-edit family, `make run`) and
-experiments/selfsum.py (key-recall family, three context strategies); episodes, sandboxes and
-rewards come from the environment layer (`horizon.env.rollouts`: `SandboxPool`, `rollout_batch`):
+The shared core of experiments/rl.py (config-edit family, `make run`), experiments/selfsum.py
+(key-recall family, three context strategies) and experiments/rl_async.py's sync baseline;
+episodes, sandboxes and rewards come from the environment layer (`horizon.env.rollouts`):
 
-- `evaluate`: `passes` sampled passes over held-out tasks; the std over passes is the
-  eval noise, best-of-K = tasks solved by any pass; efficiency stats per episode;
+- `evaluate`: `passes` sampled passes over held-out tasks through the eval harness in the
+  env's sandbox pool; the std over passes is the eval noise, best-of-K = tasks solved by any
+  pass; efficiency stats per episode;
 - `run_sft`: next-token CE on demonstration rows (assistant tokens only), rows packed
   with segment ids (`horizon.data.packing`), orbax checkpoint + resume;
-- `run_rl`: the synchronous loop — single-epoch prompts, `group_size` rollouts each,
-  `build_batch` -> `trainer.train_step` (Dr.GRPO, KL k1, router replay), periodic eval,
-  checkpoints (RLState + prompt-sampler state; a rerun resumes).
+- `run_rl`: the synchronous loop — `horizon.rl.runtime`'s prompt schedule, group rollouts and
+  train step (the async runtime's pieces, at staleness 0), periodic eval (`heldout_evaluator`),
+  checkpoints (RLState + prompt schedule; a rerun resumes).
 
 Everything reads the experiment config `c` (configs/rl_tiny.py's `exp` block): no
 hyperparameter lives here.
@@ -30,9 +31,8 @@ import numpy as np
 
 from horizon.data.packing import pack_sequences
 from horizon.rl import batch as rlbatch
-from horizon.rl import losses, prompts, sampler, trainer
+from horizon.rl import runtime, sampler, trainer
 from horizon.env.families import Family
-from horizon.env.rollouts import SandboxPool, rollout_batch
 from horizon.train import lm
 from horizon.train.checkpoint import Checkpointer
 
@@ -55,34 +55,26 @@ def start_run(c: ml_collections.ConfigDict):
     return out_dir, ByteTokenizer(c.model.vocab_size), JsonlLog(out_dir / "metrics.jsonl"), family_from_config(c.exp)
 
 
-EFFICIENCY_KEYS = ("gen_tokens", "summaries", "summary_tokens", "tool_calls", "turns", "malformed_calls")
+def evaluate(env, params, tasks, c, tok, key, version: int) -> dict:
+    """`c.exp.eval.passes` sampled passes over `tasks` through the eval harness in `env`'s pooled
+    sandboxes (`ExperimentEnv.eval_setup`, `harness.run_eval`): `harness.pass_summary`'s mean,
+    std over passes (the eval noise), best-of-passes, per-pass means and efficiency."""
+    from horizon.eval import harness
 
-
-def evaluate(family: Family, params, tasks, pool: SandboxPool, c, tok, key, version: int) -> dict:
-    """`c.exp.eval.passes` sampled passes over `tasks`: mean, std over passes (the eval noise),
-    best-of-passes, per-pass means, and efficiency: mean per episode of EFFICIENCY_KEYS,
-    generated tokens per solved task, summary tokens per summary."""
     ev = c.exp.eval
-    holder = sampler.ParamsHolder(params, version=version)
-    policy = sampler.make_policy(holder, c, key, temperature=float(ev.temperature))
-    n, passes = len(pool.boxes), int(ev.passes)
-    solved = np.zeros((passes, len(tasks)), np.float32)
-    infos = []
-    for p in range(passes):
-        for i in range(0, len(tasks), n):
-            chunk = tasks[i:i + n]
-            _, _, inf = rollout_batch(family, chunk, policy, pool, c, tok)
-            solved[p, i:i + len(chunk)] = [x["verifier"] for x in inf]
-            infos += inf
-    per_pass = solved.mean(axis=1)
-    eff = {f"eval_{k}": float(np.mean([x[k] for x in infos])) for k in EFFICIENCY_KEYS}
-    n_solved = float(solved.sum())
-    eff["eval_tokens_per_solved"] = float(sum(x["gen_tokens"] for x in infos) / n_solved) if n_solved else None
-    n_sum = sum(x["summaries"] for x in infos)
-    eff["eval_tokens_per_summary"] = float(sum(x["summary_tokens"] for x in infos) / n_sum) if n_sum else None
-    return dict(heldout_mean=float(per_pass.mean()),
-                heldout_std=float(per_pass.std(ddof=1)) if passes > 1 else 0.0,
-                heldout_best_of_k=float(losses.mean_group_max(solved.T)), heldout_passes=per_pass.tolist(), **eff)
+    policy = sampler.make_policy(sampler.ParamsHolder(params, version=version), c, key,
+                                 temperature=float(ev.temperature))
+    records = harness.run_eval(policy, tasks, env.eval_setup(tok, int(ev.passes)), policy_name=f"v{version}")
+    return harness.pass_summary(records)
+
+
+def heldout_evaluator(env, tasks, c, tok) -> Callable[[Any, int], dict]:
+    """`run_rl`'s eval hook: `evaluate` on `tasks` in `env`, sampling key
+    ``fold_in(run_keys(seed)["eval"], step)``."""
+    from horizon.utils.seeds import run_keys
+
+    key = run_keys(c.seed)["eval"]
+    return lambda params, step: evaluate(env, params, tasks, c, tok, jax.random.fold_in(key, step), step)
 
 
 # ----------------------------------------------------------------------------- SFT
@@ -240,15 +232,19 @@ def tok_pad(c) -> int:
 
 
 # ----------------------------------------------------------------------------- RL
-def run_rl(params, family: Family, pool: SandboxPool, c, tok, out: pathlib.Path, log: Log, key, heldout,
-           *, tag: str = "") -> dict:
-    """The synchronous RL loop (module docstring) from `params`; evaluates on `heldout` at step 0,
-    every `exp.eval.every` steps and at the end. Returns {"evals": {step: eval}, "state": RLState}."""
-    steps, G, P = int(c.exp.steps), int(c.rl.group_size), int(c.rl.prompts_per_step)
-    k_pol, k_eval = jax.random.split(key)
-    rl_seeds = family.seeds("train", steps * P, int(c.exp.n_sft_tasks))
-    tasks = {t.id: t for t in map(family.make_task, rl_seeds)}
-    psamp = prompts.sampler_from_config(sorted(tasks), c.rl, seed=int(c.seed))
+def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callable[[Any, int], dict] | None = None,
+           store=None, tag: str = "") -> dict:
+    """The synchronous RL loop (SPEC §4) from `params` on `env` (`.rollouts(requests, policy, tok)`,
+    e.g. `horizon.env.rollouts.ExperimentEnv` or `workers.ToyEnv`), `c.exp.steps` steps: step t's
+    prompts (`runtime.PromptSchedule`), its generation batches rolled out with version t
+    (`runtime.rollout_groups`), one `runtime.train_groups` — the same pieces the async runtime's
+    workers and trainer run, at staleness 0. Checkpoints (RLState + schedule) every
+    `rl.checkpoint_every` steps and at the end in out/ckpt; a rerun resumes. `evaluate(params,
+    step) -> dict`, if given, runs at step 0, every `exp.eval.every` steps and at the end; each
+    step's groups also go to `store` (a `storage.GroupStore`, the async runtime's layout), if given.
+    Returns {"evals": {step: eval}, "state": RLState}."""
+    steps = int(c.exp.steps)
+    sched = runtime.PromptSchedule(c, steps, lag=0)
     # train_step donates its state: copy, so the caller's `params` (e.g. one SFT checkpoint shared
     # by several runs, experiments/selfsum.py) stay valid
     state = trainer.init_state(jax.tree.map(jnp.copy, params), c)
@@ -258,20 +254,20 @@ def run_rl(params, family: Family, pool: SandboxPool, c, tok, out: pathlib.Path,
     if got is not None:
         state, meta = got
         start = int(meta["step"])
-        psamp = prompts.PromptSampler.from_state_dict(meta["prompt_sampler"])
+        sched.load_state_dict(meta["schedule"])
         print(f"{tag}RL: resumed at step {start}", flush=True)
-    holder = sampler.ParamsHolder(state.params, version=start)
-    policy = sampler.make_policy(holder, c, k_pol)
+    run = {"run": tag.strip(": ")} if tag else {}
     evals = {}
 
     def do_eval(step):
+        if evaluate is None:
+            return
         t0 = time.time()
-        e = evaluate(family, state.params, heldout, pool, c, tok, jax.random.fold_in(k_eval, step), step)
-        e.update(phase="eval", step=step, eval_s=time.time() - t0, **({"run": tag.strip(": ")} if tag else {}))
+        e = dict(evaluate(state.params, step), phase="eval", step=step, eval_s=time.time() - t0, **run)
         log(e)
         evals[step] = e
         print(f"{tag}eval @ {step}: held-out {e['heldout_mean']:.3f} ± {e['heldout_std']:.3f} "
-              f"(passes {['%.3f' % x for x in e['heldout_passes']]}), best-of-{c.exp.eval.passes} "
+              f"(passes {['%.3f' % x for x in e['heldout_passes']]}), best-of-{len(e['heldout_passes'])} "
               f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s)", flush=True)
 
     if start == 0:
@@ -279,36 +275,33 @@ def run_rl(params, family: Family, pool: SandboxPool, c, tok, out: pathlib.Path,
     t_start = time.time()
     for step in range(start, steps):
         t0 = time.time()
-        ids = psamp.sample(P, step)
-        if len(ids) < P:
+        if sched.assign(step) is None:
             print(f"{tag}prompt set exhausted (single epoch): stopping", flush=True)
             break
-        batch_tasks = [tasks[i] for i in ids for _ in range(G)]
-        trajs, rs, infos = rollout_batch(family, batch_tasks, policy, pool, c, tok)
-        for t, tr in zip(batch_tasks, trajs):
-            psamp.record_rollout(t.id, turns=tr.stats["turns"], thinking_tokens=tr.stats["thinking_tokens"])
+        groups = []
+        for reqs in sched.batches(step):
+            groups += runtime.rollout_groups(env, reqs, lambda p=state.params, v=step: (p, v), c, tok)[0]
+        sched.feed(step, groups)
+        for g in groups if store is not None else ():
+            store.put(g)
         t_roll = time.time() - t0
-        groups = [trajs[g * G:(g + 1) * G] for g in range(P)]
-        b = rlbatch.build_batch_from_config(groups, np.asarray(rs, np.float32).reshape(P, G), c)
         t1 = time.time()
-        state, m = trainer.train_step(state, b, cfg=c)
-        holder.update(state.params, version=step + 1)
-        rec = {k: float(v) for k, v in jax.device_get(m).items()}
-        gen = sum(tr.num_generated_tokens for tr in trajs)
-        rec.update(phase="rl", step=step + 1, group_size=G, rollout_s=t_roll, train_s=time.time() - t1,
-                   step_s=time.time() - t0, gen_tokens_per_s=gen / max(t_roll, 1e-9),
-                   success=float(np.mean([i["verifier"] for i in infos])),
-                   malformed=float(np.mean([i["malformed_calls"] > 0 for i in infos])),
-                   summaries=float(np.mean([i["summaries"] for i in infos])),
-                   **({"run": tag.strip(": ")} if tag else {}),
+        state, rec, b = runtime.train_groups(state, groups, c)
+        infos = [i for g in groups for i in g.infos]
+        gen = sum(g.generated_tokens for g in groups)
+        rec.update(phase="rl", step=step + 1, group_size=int(c.rl.group_size), rollout_s=t_roll, gen_tokens=gen,
+                   train_s=time.time() - t1, step_s=time.time() - t0, gen_tokens_per_s=gen / max(t_roll, 1e-9),
+                   success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos])),
+                   malformed=float(np.mean([i.get("malformed_calls", 0) > 0 for i in infos])),
+                   summaries=float(np.mean([i.get("summaries", 0) for i in infos])), **run,
                    **{f"batch/{k}": v for k, v in rlbatch.batch_stats(b).items()})
         log(rec)
-        print(f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{G} {rec['best_of_k']:.3f} "
-              f"success {rec['success']:.3f} malformed {rec['malformed']:.2f} kl {rec.get('kl_k1', 0.0):.2e} "
-              f"gen {rec['gen_tokens_per_s']:.0f} tok/s rollout {t_roll:.1f}s train {rec['train_s']:.1f}s "
-              f"({time.time() - t_start:.0f}s)", flush=True)
-        ck.save(step + 1, state, {"step": step + 1, "prompt_sampler": psamp.state_dict()}, force=step + 1 == steps)
-        every = int(c.exp.eval.every)
+        print(f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{c.rl.group_size} "
+              f"{rec['best_of_k']:.3f} success {rec['success']:.3f} malformed {rec['malformed']:.2f} "
+              f"kl {rec.get('kl_k1', 0.0):.2e} gen {rec['gen_tokens_per_s']:.0f} tok/s rollout {t_roll:.1f}s "
+              f"train {rec['train_s']:.1f}s ({time.time() - t_start:.0f}s)", flush=True)
+        ck.save(step + 1, state, {"step": step + 1, "schedule": sched.state_dict()}, force=step + 1 == steps)
+        every = int(c.exp.eval.every) if "eval" in c.exp else 0
         if step + 1 < steps and every > 0 and (step + 1) % every == 0:
             do_eval(step + 1)
     final = int(jax.device_get(state.step))

@@ -3,7 +3,7 @@
 Three checkpoint levels make a restart cheap:
 
 * **step level** — trainer weights + optimizer state (orbax, `horizon.train.checkpoint`),
-  written by the trainer process (`horizon.rl.async_loop.trainer_main`);
+  written by the trainer (`horizon.rl.loop.run_rl`, or `horizon.rl.async_loop.trainer_main`);
 * **group level** — `GroupStore`: every scored group (trajectories, rewards, Dr.GRPO
   advantages, per-token policy-version tags) is written to disk *as soon as it is produced*,
   one atomic file per slot. A restarted trainer reads ready groups instead of asking for
@@ -15,8 +15,8 @@ Three checkpoint levels make a restart cheap:
   can continue after a worker restart instead of starting over. (The async loop's default
   does not use it: our toy rollouts are single-turn; see async_loop's docstring.)
 
-Also `SchedulerState`: the slot table (slot -> prompt id, seed) and the prompt sampler's
-`state_dict`, rewritten atomically whenever a slot is assigned, so a restarted scheduler
+Also `SchedulerState`: the prompt schedule (slot -> prompt id, seed, and the prompt sampler's
+`state_dict`), rewritten atomically whenever a step's slots are assigned, so a restarted scheduler
 keeps the single-epoch guarantee and re-issues the same prompt for an unfinished slot.
 """
 
@@ -101,13 +101,12 @@ class GroupStore:
 
 
 class SchedulerState:
-    """Persistent slot table + prompt-sampler state (`scheduler.json`, atomic rewrite)."""
+    """The persistent prompt schedule (`runtime.PromptSchedule.state_dict`: slot table + prompt
+    sampler) in `scheduler.json`, rewritten atomically."""
 
     def __init__(self, path: str | pathlib.Path):
         self.path = pathlib.Path(path)
-        self.next_slot = 0
-        self.slots: dict[int, dict] = {}
-        self.prompt_sampler: dict | None = None
+        self.schedule: dict | None = None
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> "SchedulerState | None":
@@ -116,15 +115,11 @@ class SchedulerState:
             return None
         d = json.loads(p.read_text())
         s = cls(p)
-        s.next_slot = int(d["next_slot"])
-        s.slots = {int(k): v for k, v in d["slots"].items()}
-        s.prompt_sampler = d["prompt_sampler"]
+        s.schedule = d["schedule"]
         return s
 
     def save(self) -> None:
-        d = dict(next_slot=self.next_slot, slots={str(k): v for k, v in self.slots.items()},
-                 prompt_sampler=self.prompt_sampler)
-        atomic_write_bytes(self.path, json.dumps(d).encode())
+        atomic_write_bytes(self.path, json.dumps(dict(schedule=self.schedule)).encode())
 
 
 # ----------------------------------------------------------------------------- rollout level

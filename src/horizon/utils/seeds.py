@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import jax
 
-KEY_NAMES = ("init", "rl", "check", "eval", "rollout")   # params init | RL sampling | SFT gate | eval | async workers
+# params init | (unused since the one RL loop: kept so the later keys keep their values) | SFT gate |
+# held-out evals | RL rollouts (`horizon.rl.runtime.policy_key`)
+KEY_NAMES = ("init", "rl", "check", "eval", "rollout")
 
 
 def run_keys(seed: int) -> dict[str, jax.Array]:

@@ -1,0 +1,179 @@
+"""The three pieces every RL loop is made of (SPEC §4, §4.1): one prompt schedule, one group
+rollout, one train step on groups.
+
+`horizon.rl.loop.run_rl` (synchronous: roll out step t with version t, then train, one process)
+and `horizon.rl.async_loop` (a trainer process and rollout-worker processes under a staleness
+bound) are thin shells over these, so a run is a function of its config whichever shell runs it:
+at `async_.max_staleness = 0` with `async_.publish_dtype = "float32"` the two train on identical
+groups and reach identical params (tests/rl/test_one_loop.py).
+
+- **Slots.** Step t trains on the `N = rl.prompts_per_step` groups of slots ``[t*N, (t+1)*N)``.
+  `PromptSchedule.assign(t)` gives them N fresh prompts (single epoch, `prompts.PromptSampler`,
+  hard-prompt oversampling fed by the rollout stats of steps ``<= t - lag - 1``, lag = the
+  staleness bound: exactly the steps both loops have finished by then). A slot's seed is its index.
+- **Generation batches.** A step's slots are cut into batches of `batch_slots(cfg)` consecutive
+  slots (`rl.slots_per_batch`, 0 = the whole step); one batch is one batched generation
+  (`rollout_groups`) whose sampling key is ``fold_in(run_keys(seed)["rollout"], first slot)``:
+  the same batch gets the same samples in every loop and after every restart.
+- **Training.** `train_groups` builds the batch of a step's groups in slot order
+  (`batch.build_batch_from_config`) and takes one `trainer.train_step`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from horizon.rl import losses, prompts, storage
+from horizon.utils.seeds import run_keys
+
+Poll = Callable[[], tuple[Any, int]]
+
+
+# ----------------------------------------------------------------------------- config helpers
+def batch_slots(cfg) -> int:
+    """Slots (groups) per batched generation: `rl.slots_per_batch`, 0 = one step's groups
+    (`rl.prompts_per_step`). Computed at use, so an override of `rl.prompts_per_step` moves it."""
+    n = int(cfg.rl.slots_per_batch)
+    return n if n > 0 else int(cfg.rl.prompts_per_step)
+
+
+def env_name(cfg) -> str:
+    """The rollout environment (`horizon.rl.workers.ENVS`): `async_.env` where the config has an
+    `async_` block, else "experiment" (the `exp` block's task family, as experiments/rl.py)."""
+    return str(cfg.async_.env) if "async_" in cfg else "experiment"
+
+
+def prompt_ids(cfg, total: int) -> list[str]:
+    """The RL prompt set of `total` prompts: toy ids, or the experiment family's train seeds after
+    the `exp.n_sft_tasks` SFT ones (ids `workers.experiment_prompt_id`)."""
+    if env_name(cfg) == "toy":
+        a = cfg.async_
+        return [f"toy_{i}" for i in range(int(a.prompt_start), int(a.prompt_start) + total)]
+    from horizon.env.families import family_from_config  # noqa: PLC0415
+    from horizon.rl.workers import experiment_prompt_id  # noqa: PLC0415
+
+    seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks))
+    return [experiment_prompt_id(str(cfg.exp.env), s) for s in seeds]
+
+
+def policy_key(cfg, first_slot: int):
+    """The sampling key of the generation batch starting at slot `first_slot`."""
+    import jax  # noqa: PLC0415
+
+    return jax.random.fold_in(run_keys(cfg.seed)["rollout"], int(first_slot))
+
+
+def group_advantages(rs: Sequence[float], cfg) -> list[float]:
+    """Dr.GRPO advantages of one group (what `build_batch` will compute), for the group store."""
+    a = losses.group_advantages(np.asarray([rs], np.float32), std_normalize=bool(cfg.rl.std_normalize),
+                                eps=float(cfg.rl.adv_std_eps))
+    return [float(x) for x in np.asarray(a).reshape(-1)]
+
+
+# ----------------------------------------------------------------------------- prompt schedule
+class PromptSchedule:
+    """Slot -> prompt assignment of a run of `total_steps` steps (module docstring), checkpointable.
+
+    `lag` is the staleness bound: `assign(t)` needs the rollout stats of every step
+    ``<= t - lag - 1`` fed first (`feed`), so the hard-prompt statistics a step is drawn with are
+    the same whichever loop runs it."""
+
+    def __init__(self, cfg, total_steps: int, *, lag: int):
+        self.N, self.B, self.lag = int(cfg.rl.prompts_per_step), batch_slots(cfg), int(lag)
+        if self.N % self.B:
+            raise ValueError(f"rl.slots_per_batch={self.B} must divide rl.prompts_per_step={self.N}")
+        self.sampler = prompts.sampler_from_config(prompt_ids(cfg, int(total_steps) * self.N), cfg.rl,
+                                                   seed=int(cfg.seed))
+        self.requests: dict[int, list[dict]] = {}       # step -> its N slot requests
+        self.fed = 0                                     # steps whose rollout stats the sampler has seen
+
+    def assign(self, step: int) -> list[dict] | None:
+        """The N slot requests {slot, prompt_id, seed} of `step` (drawn once; None when the single
+        epoch is exhausted). Steps are assigned in order."""
+        if step in self.requests:
+            return self.requests[step]
+        if self.fed < step - self.lag:
+            raise RuntimeError(f"step {step}: rollout stats of step {self.fed} not fed yet (lag {self.lag})")
+        if self.requests and step != max(self.requests) + 1:
+            raise RuntimeError(f"steps are assigned in order: {max(self.requests) + 1} before {step}")
+        ids = self.sampler.sample(self.N, step)
+        if len(ids) < self.N:
+            return None
+        base = step * self.N
+        self.requests[step] = [dict(slot=base + i, prompt_id=p, seed=base + i) for i, p in enumerate(ids)]
+        return self.requests[step]
+
+    def batches(self, step: int) -> list[list[dict]]:
+        """`step`'s requests cut into generation batches of `batch_slots` consecutive slots."""
+        reqs = self.requests[step]
+        return [reqs[i:i + self.B] for i in range(0, self.N, self.B)]
+
+    def step_of(self, slot: int) -> int:
+        return int(slot) // self.N
+
+    def feed(self, step: int, groups: Sequence[storage.GroupRecord]) -> None:
+        """Record the rollout stats (turns, thinking tokens) of `step`'s groups, in slot order."""
+        if step != self.fed:
+            raise RuntimeError(f"rollout stats are fed in step order: {self.fed} before {step}")
+        for g in sorted(groups, key=lambda g: g.slot):
+            for t in g.trajectories:
+                self.sampler.record_rollout(g.prompt_id, turns=t.stats["turns"],
+                                            thinking_tokens=t.stats["thinking_tokens"])
+        self.fed += 1
+
+    def state_dict(self) -> dict:
+        return dict(N=self.N, B=self.B, lag=self.lag, fed=self.fed, sampler=self.sampler.state_dict(),
+                    requests={str(k): v for k, v in self.requests.items()})
+
+    def load_state_dict(self, d: dict) -> "PromptSchedule":
+        if (int(d["N"]), int(d["B"])) != (self.N, self.B):
+            raise ValueError(f"checkpoint has {d['N']} prompts per step in batches of {d['B']}, this config "
+                             f"{self.N} in batches of {self.B}")
+        self.fed = int(d["fed"])
+        self.sampler = prompts.PromptSampler.from_state_dict(d["sampler"])
+        self.requests = {int(k): v for k, v in d["requests"].items()}
+        return self
+
+
+# ----------------------------------------------------------------------------- rollout + train
+def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worker: str = ""
+                   ) -> tuple[list[storage.GroupRecord], dict]:
+    """One batched generation of `requests` (one generation batch) in `env` with the weights of
+    `poll() -> (params, version)`, polled every `rl.sampler.chunk_tokens` decode steps (in-flight
+    updates, `rl.sampler.kv_mode`). Returns (one `GroupRecord` per request, batch info)."""
+    from horizon.rl import sampler  # noqa: PLC0415  (jax: imported where a rollout runs)
+
+    s = cfg.rl.sampler
+    policy = sampler.make_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
+                                 kv_mode=str(s.kv_mode))
+    start_version = int(poll()[1])
+    t0 = time.time()
+    results = env.rollouts(requests, policy, tok)
+    dt = time.time() - t0
+    recs = []
+    for r, (trajs, rs, infos) in zip(requests, results):
+        lo, hi = storage.group_versions(trajs)
+        recs.append(storage.GroupRecord(
+            slot=int(r["slot"]), prompt_id=r["prompt_id"], trajectories=trajs, rewards=[float(x) for x in rs],
+            advantages=group_advantages(rs, cfg), min_version=lo, max_version=hi, start_version=start_version,
+            generated_tokens=int(sum(t.num_generated_tokens for t in trajs)), worker=worker, seconds=dt,
+            infos=infos))
+    return recs, dict(seconds=dt, switches=int(policy.state["switches"]), start_version=start_version)
+
+
+def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
+    """One RL step on a step's groups (slot order): `build_batch_from_config` -> `trainer.train_step`.
+    Returns (state, {metric: float}, the batch)."""
+    import jax  # noqa: PLC0415
+
+    from horizon.rl import batch as rlbatch  # noqa: PLC0415
+    from horizon.rl import trainer  # noqa: PLC0415
+
+    groups = sorted(groups, key=lambda g: g.slot)
+    b = rlbatch.build_batch_from_config([g.trajectories for g in groups],
+                                        np.asarray([g.rewards for g in groups], np.float32), cfg)
+    state, m = trainer.train_step(state, b, cfg=cfg)
+    return state, {k: float(v) for k, v in jax.device_get(m).items()}, b

@@ -22,8 +22,8 @@ import numpy as np
 
 from horizon.agent import Segment, Trajectory
 from horizon.model import transformer
-from horizon.rl import batch as rlbatch
-from horizon.rl import trainer
+from horizon.rl.maths import batch as rlbatch
+from horizon.rl.maths import trainer
 from horizon.utils.config import load_config_file
 
 

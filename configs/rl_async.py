@@ -1,7 +1,7 @@
 """Asynchronous RL config: configs/rl_tiny.py + an `async_` section (SPEC §4, §4.1).
 
-Read by `horizon.rl.async_loop` (orchestrator, trainer and rollout processes),
-`horizon.rl.weight_sync` (publisher options) and experiments/rl_async.py.
+Read by `horizon.rl.runtime.async_loop` (orchestrator, trainer and rollout processes),
+`horizon.rl.runtime.weight_sync` (publisher options) and experiments/rl_async.py.
 """
 
 import ml_collections
@@ -27,7 +27,7 @@ def async_config() -> ml_collections.ConfigDict:
     a.init_from = ""                  # finished SFT checkpoint dir to start from ("" = random init)
     # (generation batches: rl.slots_per_batch; in-flight updates: rl.sampler.chunk_tokens / kv_mode)
     a.weight_poll_interval_s = 0.0    # min seconds between LATEST reads in a worker (0 = every chunk)
-    # --- weight publishing (horizon.rl.weight_sync)
+    # --- weight publishing (horizon.rl.runtime.weight_sync)
     a.publish_every = 1               # trainer steps between published versions
     a.publish_dtype = "bfloat16"      # what samplers run ("bfloat16" | "float32"; trainer keeps f32 master)
     a.full_every = 10                 # full snapshot every N versions, deltas in between

@@ -2,8 +2,8 @@
 
 The complete config experiments/rl.py runs: `model` (configs/tiny.py at max_seq_len 256), `mesh`,
 `agent` (configs/agent_tiny.py with this environment's settings), `rl` (every RL hyperparameter:
-loss/KL semantics in `horizon.rl.losses`, the length penalty and behaviour hooks in
-`horizon.rl.rewards`) and `exp` (task family, sandboxes, SFT warm start, eval). What you read here
+loss/KL semantics in `horizon.rl.maths.losses`, the length penalty and behaviour hooks in
+`horizon.rl.maths.rewards`) and `exp` (task family, sandboxes, SFT warm start, eval). What you read here
 is what runs: `--config.rl.group_size=8` is the group size the trainer sees.
 
 One RL step count: `exp.steps` (`rl.optim.steps`, the schedule length, is the same FieldReference,
@@ -18,7 +18,7 @@ from horizon.utils.config import sibling_config
 def rl_config() -> ml_collections.ConfigDict:
     r = ml_collections.ConfigDict()
     r.group_size = 4              # rollouts (or summary chains) per prompt, fixed
-    # --- policy gradient (horizon.rl.losses.policy_gradient_loss)
+    # --- policy gradient (horizon.rl.maths.losses.policy_gradient_loss)
     r.loss_agg = "token_sum"      # "token_sum" (Dr.GRPO, no length norm) | "seq_mean" | "token_mean"
     r.token_sum_norm = 0.0        # divisor for token_sum; 0 = number of rows (a batch constant)
     r.std_normalize = False       # divide advantages by group std (GRPO ablation; report: off)
@@ -46,7 +46,7 @@ def rl_config() -> ml_collections.ConfigDict:
         turns=20.0,               # per turn
     ))
     r.length_penalty = lp
-    # --- behaviour reward weights (horizon.rl.rewards.BEHAVIOUR_HOOKS; hooks are signed)
+    # --- behaviour reward weights (horizon.rl.maths.rewards.BEHAVIOUR_HOOKS; hooks are signed)
     r.behaviour = ml_collections.ConfigDict(dict(
         unfinished_todos=0.05,    # per todo created and not completed
         malformed_calls=0.02,     # per malformed tool call
@@ -86,9 +86,9 @@ def get_config() -> ml_collections.ConfigDict:
 
 
 # ============================================================================= RL trainer block
-# Read by horizon.rl.{sampler,batch,trainer,prompts}.
+# Read by horizon.rl.rollout.sampler, horizon.rl.maths.{batch,trainer} and horizon.rl.runtime.{core,prompts}.
 def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
-    # --- sampler (horizon.rl.sampler.generate); logprobs are always the untempered model's
+    # --- sampler (horizon.rl.rollout.sampler.generate); logprobs are always the untempered model's
     r.sampler = ml_collections.ConfigDict(dict(
         temperature=1.0,          # 0 = greedy; != 1 makes samples off-policy w.r.t. the trained logprobs
         top_p=1.0,                # nucleus mass; 1 = full distribution
@@ -99,7 +99,7 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           weights that do not change, any value gives the same samples)
         kv_mode="keep",           # at a weight switch: "keep" the old KV cache | "recompute" the prefill
     ))
-    # --- batch layout (horizon.rl.batch.build_batch)
+    # --- batch layout (horizon.rl.maths.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(
         min_rows=8,               # row bucket minimum (rows = segments of all chains)
         min_seq=64,               # sequence bucket minimum
@@ -108,7 +108,7 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           chains each; activation memory scales with it, not with the batch)
         truncated_reasons=("token_budget", "context_full", "max_steps"),  # agent end reasons = truncated
     ))
-    # --- train step (horizon.rl.trainer.train_step)
+    # --- train step (horizon.rl.maths.trainer.train_step)
     r.router_replay = True        # replay inference-time experts in the trainer forward (SPEC §4.1)
     r.update_router_bias = True   # aux-loss-free bias update from the (real-token) router load
     r.use_reference = True        # keep a frozen copy of the initial params as the KL reference
@@ -120,10 +120,10 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
     ))
     r.checkpoint_every = 100          # RL checkpoints (RLState + prompt-sampler state) every N steps and at the end
     r.max_checkpoints = 2
-    # --- prompt sampler (horizon.rl.prompts): single epoch + late hard-prompt oversampling
+    # --- prompt sampler (horizon.rl.runtime.prompts): single epoch + late hard-prompt oversampling
     r.prompts_per_step = 2
     r.slots_per_batch = 0             # groups rolled out in one batched generation (0 = prompts_per_step;
-    #                                   must divide it; horizon.rl.runtime)
+    #                                   must divide it; horizon.rl.runtime.core)
     r.hard_prompt_start_step = -1     # step from which hard prompts are oversampled (-1 = never)
     r.hard_prompt_weight = 1.0        # p(prompt) ~ exp(weight * (hardness - 1))
     r.hard_prompt_turns_weight = 1.0  # hardness mixes turns ...
@@ -131,7 +131,7 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
 
 
 # ============================================================================= RL experiment block
-# Read by experiments/rl.py and horizon.rl.loop (the CPU demo: SFT warm start, then RL on the procedural
+# Read by experiments/rl.py and horizon.rl.runtime.loop (the CPU demo: SFT warm start, then RL on the procedural
 # config-edit family, horizon.tasks.synthetic via horizon.tasks.families).
 def experiment_config() -> ml_collections.ConfigDict:
     e = ml_collections.ConfigDict()
@@ -154,7 +154,7 @@ def experiment_config() -> ml_collections.ConfigDict:
     e.plot = True
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)
     e.sft = ml_collections.ConfigDict(dict(
-        clean_steps=500,              # stage 1 (horizon.rl.loop.config_edit_warm_start): correct demos, so the
+        clean_steps=500,              # stage 1 (horizon.rl.runtime.loop.config_edit_warm_start): correct demos, so the
         #                               tiny model learns to copy the value (loss 0.024 -> 1e-4 between steps 300
         #                               and 600 at lr 1e-2; at lr 3e-3 no copy by 800 steps, clean or not)
         steps=300, batch_size=16, seq_len=208,  # stage 2; rows packed to seq_len (context ~80 + call ~90 tokens)

@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs;
     #                                   a docker demo backend uses exp.sandbox_image)
     e.demo_sandboxes = 16
-    # --- two-stage warm start (horizon.rl.loop.two_stage_sft)
+    # --- two-stage warm start (horizon.rl.runtime.loop.two_stage_sft)
     e.sft.clean_steps = 1200          # stage 1: correct chains of `clean_strategies` only, where the key copy forms
     #                                   (loss flat at ~2 letters at chance until step ~700, then the copy: 1.00 / 0.92
     #                                   key accuracy in summary / answer at 1200; at 600 it was 0.69, docs/PERF.md)

@@ -22,8 +22,8 @@ Pipeline.
    sandbox-free check (`sft_check`: greedy and sampled decodes of the held-out prompts,
    parsed) logs the fraction of well-formed calls, the gate for RL to have any signal.
 2. RL: each step takes `prompts_per_step` unseen train prompts (single epoch,
-   `horizon.rl.prompts.PromptSampler`), `group_size` rollouts each, batched generation through
-   `horizon.rl.sampler.make_policy`, tool calls and verification in a pool of reused Docker
+   `horizon.rl.runtime.prompts.PromptSampler`), `group_size` rollouts each, batched generation through
+   `horizon.rl.rollout.sampler.make_policy`, tool calls and verification in a pool of reused Docker
    sandboxes (one exec resets a sandbox: `synthetic.reset_sandbox`), reward =
    `rewards.total_reward` (verifier + length penalty), then `build_batch` -> `train_step`
    (Dr.GRPO, KL k1 in the reward, router replay). Shapes are bucketed to one compile.
@@ -47,7 +47,9 @@ import jax
 import numpy as np
 
 from horizon.agent.prompt import Message, render, task_text
-from horizon.rl import checks, loop, sampler, workers
+from horizon.rl import checks
+from horizon.rl.rollout import sampler
+from horizon.rl.runtime import loop, workers
 from horizon.tools.format import parse_action
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys

@@ -35,7 +35,8 @@ import time
 import numpy as np
 
 from horizon.eval.report import reward_at, smooth, time_to_reach
-from horizon.rl import async_loop, checks, loop
+from horizon.rl import checks
+from horizon.rl.runtime import async_loop, loop
 from horizon.utils import cli
 
 

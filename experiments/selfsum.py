@@ -16,7 +16,7 @@ gone by the time the answer is due: it survives only in a summary.
    `key_copy_check`: teacher-forced accuracy of the key's letter on clean held-out chains, per
    strategy, in summaries and answers (no sampling).
 2. RL per strategy from that checkpoint, same prompts, trigger, token budget and steps
-   (`horizon.rl.loop.run_rl`; rollouts and verification in Docker sandboxes): the final
+   (`horizon.rl.runtime.loop.run_rl`; rollouts and verification in Docker sandboxes): the final
    reward applies to every model token of the chain, summaries included (SPEC §6).
 3. Held-out seeds, `exp.eval.passes` passes, at step 0 (SFT policy) and at the end (trained).
 
@@ -33,7 +33,8 @@ import time
 from horizon.env.rollouts import SandboxPool
 from horizon.env.selfsum import copy_probe, key_copy_check, plot, table, warm_start_demos, with_strategy
 from horizon.model import transformer
-from horizon.rl import checks, loop, workers
+from horizon.rl import checks
+from horizon.rl.runtime import loop, workers
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
 

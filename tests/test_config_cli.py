@@ -53,7 +53,9 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     from horizon.data.tokenizer import ByteTokenizer
     from horizon.model import transformer
     from horizon.env import rollouts as env_rollouts
-    from horizon.rl import loop, sampler, trainer
+    from horizon.rl.maths import trainer
+    from horizon.rl.rollout import sampler
+    from horizon.rl.runtime import loop
 
     drv = _driver("rl")
     tok = ByteTokenizer()
@@ -98,7 +100,7 @@ def test_max_turns_override_reaches_the_episode(monkeypatch, tmp_path):
 def test_exp_steps_override_sets_the_async_step_count(tmp_path):
     """`exp.steps` is every loop's step count, and the RL schedule's (one FieldReference); the toy
     sync loop of experiments/rl_async.py runs exactly that many steps."""
-    from horizon.rl import async_loop, runtime
+    from horizon.rl.runtime import async_loop, core as runtime
 
     drv = _driver("rl_async")
     c = drv.load_config(["--config=configs/rl_async.py", "--config.exp.steps=3", "--config.model.num_layers=2",

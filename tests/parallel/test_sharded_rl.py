@@ -7,7 +7,7 @@ import pytest
 
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh, sharded
-from horizon.rl import trainer
+from horizon.rl.maths import trainer
 from horizon.utils.config import load_config_file
 
 

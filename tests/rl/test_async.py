@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from horizon.model import transformer
-from horizon.rl import async_loop, checks, runtime, sampler, storage, trainer, workers
-from horizon.rl import weight_sync as ws
+from horizon.rl import checks
+from horizon.rl.maths import trainer
+from horizon.rl.rollout import sampler
+from horizon.rl.runtime import async_loop, core as runtime, storage, workers
+from horizon.rl.runtime import weight_sync as ws
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -111,7 +114,7 @@ def test_polling_without_a_switch_is_fixed_params_generate(inflight_env, kv_mode
 def test_toy_rollout_tags_tokens_and_builds_a_batch(inflight_env):
     cfg, p0, p1, _ = inflight_env
     from horizon.data.tokenizer import ByteTokenizer
-    from horizon.rl import batch as rlbatch
+    from horizon.rl.maths import batch as rlbatch
 
     pol = sampler.make_policy(switching_poll(p0, p1, 1), cfg, jax.random.key(3), chunk_tokens=4)
     trajs, rs, _ = workers.toy_rollout(dict(prompt_id="toy_1", slot=0, seed=0), pol, cfg, ByteTokenizer())

@@ -5,7 +5,7 @@ import pytest
 
 from horizon.agent import Segment, Trajectory
 from horizon.data.tokenizer import ByteTokenizer
-from horizon.rl import batch as rlbatch
+from horizon.rl.maths import batch as rlbatch
 
 TOK = ByteTokenizer()
 L, K, E = 2, 2, 8

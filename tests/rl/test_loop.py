@@ -1,4 +1,4 @@
-"""horizon.rl.loop pieces that need no sandbox: the two-stage warm start and its checkpoints."""
+"""horizon.rl.runtime.loop pieces that need no sandbox: the two-stage warm start and its checkpoints."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from horizon.data.tokenizer import ByteTokenizer
-from horizon.rl import loop
+from horizon.rl.runtime import loop
 from horizon.env.families import family_from_config
 from horizon.utils.config import load_config_file
 from horizon.utils.seeds import run_keys

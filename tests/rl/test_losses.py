@@ -1,4 +1,4 @@
-"""Tests for horizon.rl.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
+"""Tests for horizon.rl.maths.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
 
 import math
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from horizon.rl import losses as L
+from horizon.rl.maths import losses as L
 from horizon.utils.config import load_config_file
 
 # Hand-computed values below are exact in f32 up to rounding: 1e-6 absolute.

@@ -1,5 +1,5 @@
 """One RL loop (SPEC §4, §4.1): the synchronous loop (`loop.run_rl`) and the asynchronous runtime
-at `max_staleness = 0` are shells over the same three pieces (`horizon.rl.runtime`), so with the
+at `max_staleness = 0` are shells over the same three pieces (`horizon.rl.runtime.core`), so with the
 same config, seed and XLA flags, and float32 weight publishing, they train on identical groups and
 reach identical params."""
 
@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from horizon.rl import async_loop, runtime, storage
+from horizon.rl.runtime import async_loop, core as runtime, storage
 from horizon.train.checkpoint import restore_params
 from horizon.utils.config import load_config_file
 

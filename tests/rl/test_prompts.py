@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from horizon.rl.prompts import PromptSampler, sampler_from_config
+from horizon.rl.runtime.prompts import PromptSampler, sampler_from_config
 
 IDS = [f"p{i:03d}" for i in range(50)]
 

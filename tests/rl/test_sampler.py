@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from horizon.model import transformer
-from horizon.rl import sampler
+from horizon.rl.rollout import sampler
 from horizon.utils.config import load_config_file
 from horizon.model.params import numpy_init
 

@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from horizon.rl import weight_sync as ws
-from horizon.rl.async_loop import numpy_init
+from horizon.rl.runtime import weight_sync as ws
+from horizon.rl.runtime.async_loop import numpy_init
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float, Int
 from horizon.agent.prompt import Message, render, system_prompt, task_text
 from horizon.agent.summarize import ContextState, make_strategy
 from horizon.tools.format import ParseError, parse_action, parse_summary
-from horizon.rl.rewards import STATS_KEYS
+from horizon.rl.maths.rewards import STATS_KEYS
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
 from horizon.utils.config import need, need_choice, need_float, need_int
 

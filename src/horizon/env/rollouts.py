@@ -17,7 +17,7 @@ import numpy as np
 
 from horizon.agent import Segment, run_episodes
 from horizon.env.families import Family, family_from_config, make_episode
-from horizon.rl import rewards
+from horizon.rl.maths import rewards
 from horizon.tasks import verify
 
 

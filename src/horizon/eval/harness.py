@@ -63,8 +63,8 @@ def inference_flops(active_params: int, tokens: int) -> float:
 
 # ------------------------------------------------------------------------------------ policies
 def policy_from_params(params: dict, cfg, key, **sampler_overrides) -> Policy:
-    """Batched sampling policy over an in-memory param tree (`horizon.rl.sampler.make_policy`)."""
-    from horizon.rl.sampler import ParamsHolder, make_policy
+    """Batched sampling policy over an in-memory param tree (`horizon.rl.rollout.sampler.make_policy`)."""
+    from horizon.rl.rollout.sampler import ParamsHolder, make_policy
 
     return make_policy(ParamsHolder(params), cfg, key, **sampler_overrides)
 

@@ -11,13 +11,13 @@ then tokens, positions, segment ids, targets and weights are permuted to the zig
 constrained to ``P(batch, context)``; the model runs in that layout and the token-sum loss is
 permutation invariant. MTP needs natural-order shifts and is refused with CP > 1.
 
-RL step: `horizon.rl.trainer`'s step is jitted with shardings; its loss shifts logits in natural
+RL step: `horizon.rl.maths.trainer`'s step is jitted with shardings; its loss shifts logits in natural
 order, so with CP it runs the model with ``cp_layout = "natural"`` (the attention permutes around
 itself; correct, two extra reshuffles per layer).
 
 All step functions enter ``jax.set_mesh(mesh)`` so the shard_map bodies find the mesh.
 
-Sampling (`make_generate`): `horizon.rl.sampler.generate` runs unchanged on sharded inputs. Params
+Sampling (`make_generate`): `horizon.rl.rollout.sampler.generate` runs unchanged on sharded inputs. Params
 are placed by the same rules (`shard_for_sampling`), the padded prompt block, lengths and the latent
 KV cache ``[L, b, slots, r]`` are split over the batch axes (the cache's ``r`` also over ``context``), and the sampler's jitted prefill / decode
 step are then partitioned by GSPMD from those input shardings (FSDP weights are all-gathered per
@@ -174,8 +174,8 @@ def rl_batch_shardings(batch: dict, mesh) -> dict:
 
 
 def make_rl_train_step(cfg, mesh, state_shapes: Any, batch_shapes: dict):
-    """Sharded `horizon.rl.trainer` step: (step(state, batch), state shardings, batch shardings)."""
-    from horizon.rl import trainer as rl_trainer
+    """Sharded `horizon.rl.maths.trainer` step: (step(state, batch), state shardings, batch shardings)."""
+    from horizon.rl.maths import trainer as rl_trainer
 
     c = configure(cfg, cp_layout="natural")
     frozen = ml_collections.FrozenConfigDict(c)
@@ -231,7 +231,7 @@ def make_generate(cfg: ml_collections.ConfigDict, mesh) -> Callable:
     `params` should come from `shard_for_sampling`. The batch bucket is at least the batch-axes size
     (``min_batch_bucket`` defaults to it) so every row block divides evenly; returns
     `sampler.SampleOutput` exactly like the single-device call."""
-    from horizon.rl import sampler
+    from horizon.rl.rollout import sampler
 
     c = sampling_config(cfg)
     nb = pmesh._axis_size(mesh, pmesh.BATCH_AXES)
@@ -248,7 +248,7 @@ def make_generate(cfg: ml_collections.ConfigDict, mesh) -> Callable:
 def lower_decode_step(params: Any, cfg: ml_collections.ConfigDict, mesh, batch: int, max_len: int):
     """Compiled sampler decode step on sharded inputs (as `make_generate` runs it), for inspection:
     its ``output_shardings`` and ``as_text()`` HLO show how GSPMD partitioned it."""
-    from horizon.rl import sampler
+    from horizon.rl.rollout import sampler
 
     c = sampling_config(cfg)
     mcfg = sampler.frozen_model_cfg(c)

@@ -16,9 +16,9 @@ from horizon.agent import validate_agent_config
 from horizon.agent.rollout import STRATEGIES
 from horizon.model import transformer
 from horizon.parallel.mesh import require_one_device
-from horizon.rl import losses, rewards
-from horizon.rl.weight_sync import CODECS, DTYPES
-from horizon.rl.workers import KV_MODES
+from horizon.rl.maths import losses, rewards
+from horizon.rl.runtime.weight_sync import CODECS, DTYPES
+from horizon.rl.runtime.workers import KV_MODES
 from horizon.train.optim import validate_optim_config
 from horizon.env.families import FAMILIES, family_from_config
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
@@ -123,7 +123,7 @@ def validate_family(c, env: str | None) -> None:
 
 def validate_pool_size(c) -> None:
     """`exp.pool_size` holds one generation batch's rollouts (`runtime.batch_slots` * group size)."""
-    from horizon.rl.runtime import batch_slots
+    from horizon.rl.runtime.core import batch_slots
 
     slots = batch_slots(c) * int(c.rl.group_size)
     need(int(c.exp.pool_size) >= slots, "exp.pool_size", c.exp.pool_size,

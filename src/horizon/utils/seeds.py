@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 
 # params init | (unused since the one RL loop: kept so the later keys keep their values) | SFT gate |
-# held-out evals | RL rollouts (`horizon.rl.runtime.policy_key`)
+# held-out evals | RL rollouts (`horizon.rl.runtime.core.policy_key`)
 KEY_NAMES = ("init", "rl", "check", "eval", "rollout")
 
 

@@ -1,6 +1,6 @@
 """RL train step: router-replayed forward, Dr.GRPO policy gradient with KL, Adam (SPEC §4).
 
-One step on a batch from `horizon.rl.batch.build_batch`:
+One step on a batch from `horizon.rl.maths.batch.build_batch`:
 
 1. Router replay (SPEC §1, §4.1): tokens with recorded inference experts use them; tokens
    without a record (prompt, observations, padding: index -1) take the router's own choice,
@@ -39,8 +39,8 @@ import optax
 from jaxtyping import Array, Float, Int
 
 from horizon.model import moe, transformer
-from horizon.rl import losses
-from horizon.rl.batch import ROW_FIELDS
+from horizon.rl.maths import losses
+from horizon.rl.maths.batch import ROW_FIELDS
 from horizon.train import optim
 
 

@@ -17,7 +17,7 @@ token (END_TURN / EOS by default; the stop token is kept and trained on) or reac
 
 Log-probs. ``logprobs[j] = log_softmax(logits)[token_j]`` of the **untempered** model at
 temperature 1 and without the top-p truncation, i.e. the same quantity the trainer computes
-(`horizon.rl.trainer.token_logprobs`), so the importance ratio ``exp(logp_train -
+(`horizon.rl.maths.trainer.token_logprobs`), so the importance ratio ``exp(logp_train -
 logp_sampler)`` compares like with like and is 1 up to numerics when weights and routing
 match. The tokens themselves are drawn from the tempered, nucleus-truncated distribution;
 that distribution shift is not corrected (as in the report's setup and most RL stacks);
@@ -59,6 +59,7 @@ from jaxtyping import Array, Float, Int
 
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
+from horizon.rl.maths.batch import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
 
 _TOK = ByteTokenizer()
 DEFAULT_STOP_TOKENS = (_TOK.END_TURN, _TOK.EOS)
@@ -85,12 +86,6 @@ class SampleOutput:
     stopped: list[bool]
     versions: list[np.ndarray] = dataclasses.field(default_factory=list)
     switches: int = 0
-
-
-def bucket(n: int, minimum: int) -> int:
-    """Smallest power of two >= max(n, minimum) (compile-shape buckets)."""
-    n = max(int(n), int(minimum), 1)
-    return 1 << (n - 1).bit_length()
 
 
 def sample_from_logits(
@@ -335,7 +330,7 @@ def make_policy(params_ref: ParamsHolder | Callable[[], tuple[dict, int]], cfg, 
     per-token policy version of the weights that sampled them. `params_ref` is a `ParamsHolder`
     (weights read once per call: a swap takes effect at the next call, between turns) or a
     `poll() -> (params, version)` function, polled every `chunk_tokens` decode steps (in-flight
-    updates inside a generation, `kv_mode`; e.g. `horizon.rl.workers.WeightSource.poll`). Each
+    updates inside a generation, `kv_mode`; e.g. `horizon.rl.runtime.workers.WeightSource.poll`). Each
     call consumes a fresh split of `key` (deterministic sequence of calls => deterministic
     samples). `cfg` is the full config (model + `rl.sampler`); `overrides` replace sampler kwargs
     (e.g. temperature=0). `policy.state` counts weight switches and generated tokens.

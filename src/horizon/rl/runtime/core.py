@@ -1,8 +1,8 @@
 """The three pieces every RL loop is made of (SPEC §4, §4.1): one prompt schedule, one group
 rollout, one train step on groups.
 
-`horizon.rl.loop.run_rl` (synchronous: roll out step t with version t, then train, one process)
-and `horizon.rl.async_loop` (a trainer process and rollout-worker processes under a staleness
+`horizon.rl.runtime.loop.run_rl` (synchronous: roll out step t with version t, then train, one process)
+and `horizon.rl.runtime.async_loop` (a trainer process and rollout-worker processes under a staleness
 bound) are thin shells over these, so a run is a function of its config whichever shell runs it:
 at `async_.max_staleness = 0` with `async_.publish_dtype = "float32"` the two train on identical
 groups and reach identical params (tests/rl/test_one_loop.py).
@@ -26,7 +26,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from horizon.rl import losses, prompts, storage
+from horizon.rl.maths import losses
+from horizon.rl.runtime import prompts, storage
 from horizon.utils.seeds import run_keys
 
 Poll = Callable[[], tuple[Any, int]]
@@ -41,7 +42,7 @@ def batch_slots(cfg) -> int:
 
 
 def env_name(cfg) -> str:
-    """The rollout environment (`horizon.rl.workers.ENVS`): `async_.env` where the config has an
+    """The rollout environment (`horizon.rl.runtime.workers.ENVS`): `async_.env` where the config has an
     `async_` block, else "experiment" (the `exp` block's task family, as experiments/rl.py)."""
     return str(cfg.async_.env) if "async_" in cfg else "experiment"
 
@@ -53,7 +54,7 @@ def prompt_ids(cfg, total: int) -> list[str]:
         a = cfg.async_
         return [f"toy_{i}" for i in range(int(a.prompt_start), int(a.prompt_start) + total)]
     from horizon.env.families import family_from_config  # noqa: PLC0415
-    from horizon.rl.workers import experiment_prompt_id  # noqa: PLC0415
+    from horizon.rl.runtime.workers import experiment_prompt_id  # noqa: PLC0415
 
     seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks))
     return [experiment_prompt_id(str(cfg.exp.env), s) for s in seeds]
@@ -144,7 +145,7 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
     """One batched generation of `requests` (one generation batch) in `env` with the weights of
     `poll() -> (params, version)`, polled every `rl.sampler.chunk_tokens` decode steps (in-flight
     updates, `rl.sampler.kv_mode`). Returns (one `GroupRecord` per request, batch info)."""
-    from horizon.rl import sampler  # noqa: PLC0415  (jax: imported where a rollout runs)
+    from horizon.rl.rollout import sampler  # noqa: PLC0415  (jax: imported where a rollout runs)
 
     s = cfg.rl.sampler
     policy = sampler.make_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
@@ -169,8 +170,8 @@ def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
     Returns (state, {metric: float}, the batch)."""
     import jax  # noqa: PLC0415
 
-    from horizon.rl import batch as rlbatch  # noqa: PLC0415
-    from horizon.rl import trainer  # noqa: PLC0415
+    from horizon.rl.maths import batch as rlbatch  # noqa: PLC0415
+    from horizon.rl.maths import trainer  # noqa: PLC0415
 
     groups = sorted(groups, key=lambda g: g.slot)
     b = rlbatch.build_batch_from_config([g.trajectories for g in groups],

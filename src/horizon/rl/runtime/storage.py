@@ -3,7 +3,7 @@
 Three checkpoint levels make a restart cheap:
 
 * **step level** — trainer weights + optimizer state (orbax, `horizon.train.checkpoint`),
-  written by the trainer (`horizon.rl.loop.run_rl`, or `horizon.rl.async_loop.trainer_main`);
+  written by the trainer (`horizon.rl.runtime.loop.run_rl`, or `horizon.rl.runtime.async_loop.trainer_main`);
 * **group level** — `GroupStore`: every scored group (trajectories, rewards, Dr.GRPO
   advantages, per-token policy-version tags) is written to disk *as soon as it is produced*,
   one atomic file per slot. A restarted trainer reads ready groups instead of asking for

@@ -1,6 +1,6 @@
 """Asynchronous RL: scheduler, trainer and rollout-worker processes (SPEC §4, §4.1, fault tolerance).
 
-The same three pieces as the synchronous loop (`horizon.rl.runtime`: prompt schedule, group
+The same three pieces as the synchronous loop (`horizon.rl.runtime.core`: prompt schedule, group
 rollout, train step), spread over processes (one machine, `multiprocessing` spawn context; each
 child gets its XLA flags from `child_env` before it imports JAX; the orchestrator runs no JAX
 computation):
@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from horizon.rl import runtime, storage, weight_sync
+from horizon.rl.runtime import core as runtime, storage, weight_sync
 
 def numpy_init(mcfg, seed: int) -> dict:
     """`horizon.model.params.numpy_init`, imported lazily: this module keeps jax out of import time
@@ -99,7 +99,7 @@ def initial_params(cfg):
     d = str(cfg.async_.get("init_from", "") or "")
     if not d:
         return numpy_init(cfg.model, int(cfg.seed))
-    from horizon.rl.loop import load_sft_params  # noqa: PLC0415
+    from horizon.rl.runtime.loop import load_sft_params  # noqa: PLC0415
 
     return load_sft_params(cfg, d)
 
@@ -157,7 +157,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
     _setup_jax(cfg)
     import jax  # noqa: PLC0415
 
-    from horizon.rl import trainer  # noqa: PLC0415
+    from horizon.rl.maths import trainer  # noqa: PLC0415
     from horizon.train.checkpoint import Checkpointer  # noqa: PLC0415
 
     a = cfg.async_
@@ -211,7 +211,7 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
     import jax  # noqa: PLC0415
 
     from horizon.data.tokenizer import ByteTokenizer  # noqa: PLC0415
-    from horizon.rl import workers  # noqa: PLC0415
+    from horizon.rl.runtime import workers  # noqa: PLC0415
 
     a = cfg.async_
     run = pathlib.Path(run_dir)
@@ -302,7 +302,7 @@ def sync_main(cfg, run_dir: str) -> None:
     (the async layout); run it with `run_child`."""
     _setup_jax(cfg)
     from horizon.data.tokenizer import ByteTokenizer  # noqa: PLC0415
-    from horizon.rl import loop, workers  # noqa: PLC0415
+    from horizon.rl.runtime import loop, workers  # noqa: PLC0415
 
     run = pathlib.Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)

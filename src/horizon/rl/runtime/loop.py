@@ -9,7 +9,7 @@ episodes, sandboxes and rewards come from the environment layer (`horizon.env.ro
   pass; efficiency stats per episode;
 - `run_sft`: next-token CE on demonstration rows (assistant tokens only), rows packed
   with segment ids (`horizon.data.packing`), orbax checkpoint + resume;
-- `run_rl`: the synchronous loop — `horizon.rl.runtime`'s prompt schedule, group rollouts and
+- `run_rl`: the synchronous loop — `horizon.rl.runtime.core`'s prompt schedule, group rollouts and
   train step (the async runtime's pieces, at staleness 0), periodic eval (`heldout_evaluator`),
   checkpoints (RLState + prompt schedule; a rerun resumes).
 
@@ -30,8 +30,10 @@ import ml_collections
 import numpy as np
 
 from horizon.data.packing import pack_sequences
-from horizon.rl import batch as rlbatch
-from horizon.rl import runtime, sampler, trainer
+from horizon.rl.maths import batch as rlbatch
+from horizon.rl.maths import trainer
+from horizon.rl.rollout import sampler
+from horizon.rl.runtime import core as runtime
 from horizon.env.families import Family
 from horizon.train import lm
 from horizon.train.checkpoint import Checkpointer

@@ -1,7 +1,7 @@
 """Chain-of-segments batch layout for the RL trainer (SPEC §4 "Advantages for summary chains", §6).
 
 Input: `groups[g]` = the G rollouts (chains, `horizon.agent.Trajectory`) of prompt g and
-`rewards[g][j]` = the scalar reward of chain (g, j) (verifier + shaping, `horizon.rl.rewards`).
+`rewards[g][j]` = the scalar reward of chain (g, j) (verifier + shaping, `horizon.rl.maths.rewards`).
 The group baseline is computed per prompt over whole chains (`losses.group_advantages`,
 Dr.GRPO: reward - group mean, no std division by default). Every segment of a chain becomes
 its **own row** (its context was rewritten, so it is a separate sequence) and every row of
@@ -39,11 +39,17 @@ from typing import Sequence
 import numpy as np
 
 from horizon.data.tokenizer import ByteTokenizer
-from horizon.rl import losses
-from horizon.rl.sampler import bucket
+from horizon.rl.maths import losses
 
 # end reasons (horizon.agent.rollout) that mean "cut by a length/step limit"
 DEFAULT_TRUNCATED_REASONS = ("token_budget", "context_full", "max_steps")
+
+
+def bucket(n: int, minimum: int) -> int:
+    """Smallest power of two >= max(n, minimum) (compile-shape buckets: batch rows here, the
+    sampler's batch / prompt / generation lengths)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
 
 
 def build_batch(
@@ -150,7 +156,7 @@ def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *,
                        pad_id: int = ByteTokenizer.PAD) -> dict[str, np.ndarray]:
     """`build_batch`'s rows regrouped into M micro-batches of `micro_rows` rows each, stacked on a
     new leading axis ([M, micro_rows, S], replay [M, L, micro_rows*S, k]), for the trainer's
-    gradient accumulation (`horizon.rl.trainer`): the step's activation memory then scales with
+    gradient accumulation (`horizon.rl.maths.trainer`): the step's activation memory then scales with
     `micro_rows`, not with the whole batch.
 
     Whole chains go to one micro-batch (first-fit in chain order), so the KL reward-to-go across a

@@ -4,10 +4,14 @@
 
 Logs train loss every `log_every` and held-out loss every `eval_every` (and at step 0) to
 `<train.output_dir>/metrics.jsonl`, checkpoints every `checkpoint_every`, resumes from the newest
-checkpoint in that dir, and ends with a loss-curve PNG and a summary. Bad config values stop with
-one line and exit code 2 before anything starts (`lm.validate_train_config`).
+checkpoint in that dir (also across meshes), and ends with a loss-curve PNG and a summary. The step
+runs on the mesh of `mesh` (SPEC §2; default one device, `--config.mesh.preset=ep4xcp2` etc. on 8
+devices): params, optimizer state and batches placed by the logical-axis rules, the one
+`lm.train_step` partitioned (`horizon.parallel.sharded`). Bad config values stop with one line and
+exit code 2 before anything starts (`lm.validate_train_config`).
 """
 
+import itertools
 import json
 import pathlib
 import sys
@@ -17,6 +21,7 @@ import jax
 from absl import logging
 
 from horizon.data import pipeline
+from horizon.parallel import mesh as pmesh, sharded
 from horizon.train import checkpoint, lm
 from horizon.utils import cli
 from horizon.utils.config import dump_config
@@ -60,7 +65,11 @@ def main(argv=None):
     (workdir / "seed.txt").write_text(f"{cfg.seed}\n")
     metrics_path = workdir / "metrics.jsonl"
 
+    mesh = pmesh.mesh_from_config(cfg)        # default: one device; c.mesh picks FSDP / EP / CP
     state = lm.init_state(jax.random.key_data(run_keys(cfg.seed)["init"]), cfg)
+    train_fn, st_sh, _ = sharded.make_lm_train_step(cfg, mesh, jax.eval_shape(lambda: state))
+    eval_fn = sharded.make_lm_eval_step(cfg, mesh, jax.eval_shape(lambda: state.params))
+    state = jax.device_put(state, st_sh)      # params / optimizer state by the logical-axis rules
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", every=tc.checkpoint_every, keep=tc.max_checkpoints)
     restored = ckpt.restore_latest(state)
     start = 0
@@ -72,9 +81,7 @@ def main(argv=None):
         print(f"resumed from {ckpt.directory}/{start} (data position {start})")
     elif metrics_path.exists():
         metrics_path.unlink()
-    print(f"workdir {workdir}; data {pipeline.corpus_stats(cfg)}")
-
-    train_fn, eval_fn = lm.jit_train_step(cfg), lm.jit_eval_step(cfg)
+    print(f"workdir {workdir}; mesh {dict(mesh.shape)}; data {pipeline.corpus_stats(cfg)}")
     eval_set = pipeline.eval_batches(cfg)
     batches = pipeline.make_batches(cfg, "train", start_step=start)
 
@@ -83,6 +90,11 @@ def main(argv=None):
         log_record(metrics_path, rec)
         return rec["eval_loss"]
 
+    first = next(batches)
+    coll = sharded.compiled_collectives(train_fn, state, first)   # what the partitioned step communicates
+    print("train step collectives (bytes per device): " + (", ".join(f"{k} {v:,}" for k, v in coll.items() if v)
+                                                          or "none"), flush=True)
+    batches = itertools.chain([first], batches)
     last_eval = run_eval(0) if start == 0 else float("nan")
     t_start, t_first, tokens = time.time(), None, 0.0  # tokens/s measured after the first (compiling) step
     step = start
@@ -113,7 +125,8 @@ def main(argv=None):
         (r["tokens_per_s"] for r in reversed(recs) if "tokens_per_s" in r), 0.0)  # nothing left to run
     summary = {"init_eval_loss": evals[0]["eval_loss"], "final_eval_loss": evals[-1]["eval_loss"],
                "eval_drop_pct": 100.0 * (1 - evals[-1]["eval_loss"] / evals[0]["eval_loss"]),
-               "train_tokens_per_s": tps, "wall_s_this_process": wall, "steps": tc.steps}
+               "train_tokens_per_s": tps, "wall_s_this_process": wall, "steps": tc.steps,
+               "mesh": dict(mesh.shape), "collectives": coll}
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\ninit eval loss {summary['init_eval_loss']:.4f} -> final {summary['final_eval_loss']:.4f} "
           f"({summary['eval_drop_pct']:.1f}% drop) | {tps:,.0f} train tok/s | {wall:.0f}s\n"

@@ -21,6 +21,7 @@ import numpy as np
 
 from horizon.data import pipeline
 from horizon.model.moe import PRECISIONS_IMPLEMENTED, PRECISIONS_PLANNED
+from horizon.parallel.mesh import require_one_device
 from horizon.train import lm
 from horizon.utils import cli
 from horizon.utils.config import ConfigError
@@ -30,6 +31,7 @@ from horizon.utils.seeds import run_keys
 def validate(c) -> None:
     """The tiny pretraining config plus `quant.runs`: (name, moe_precision, division, rcp bits) each."""
     lm.validate_train_config(c)
+    require_one_device(c)             # the ablation's steps run unsharded
     known = PRECISIONS_IMPLEMENTED + PRECISIONS_PLANNED
     for run in c.quant.runs:
         if len(run) != 4 or run[1] not in known or run[2] not in ("ieee", "approx"):

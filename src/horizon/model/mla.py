@@ -85,8 +85,8 @@ def attn_logical_axes(cfg) -> dict:
     }
 
 
-def _queries(p: dict, x: jax.Array, cfg) -> tuple[jax.Array, jax.Array]:
-    """q_nope [b,s,H,n], q_rope [b,s,H,r] (before RoPE)."""
+def queries(p: dict, x: jax.Array, positions: jax.Array, cfg, tables) -> tuple[jax.Array, jax.Array]:
+    """q_nope [b,s,H,n] and RoPE'd q_rope [b,s,H,r] of hidden states x [b,s,D]."""
     dt = x.dtype
     if "wq" in p:
         q = x @ p["wq"].astype(dt)
@@ -94,20 +94,42 @@ def _queries(p: dict, x: jax.Array, cfg) -> tuple[jax.Array, jax.Array]:
         q = layers.rms_norm(p["q_norm"], x @ p["wq_a"].astype(dt), cfg.rms_norm_eps) @ p["wq_b"].astype(dt)
     b, s = x.shape[:2]
     q = q.reshape(b, s, cfg.num_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
-    return q[..., : cfg.qk_nope_head_dim], q[..., cfg.qk_nope_head_dim :]
+    return q[..., : cfg.qk_nope_head_dim], rope.apply_rope(q[..., cfg.qk_nope_head_dim :], positions, tables)
 
 
-def _kv_latent(p: dict, x: jax.Array, positions: jax.Array, cfg, tables) -> tuple[jax.Array, jax.Array]:
-    """c_kv [b,s,Rkv] (after kv_norm) and RoPE'd shared key k_rope [b,s,r]."""
+def kv_latent(p: dict, x: jax.Array, positions: jax.Array, cfg, tables) -> tuple[jax.Array, jax.Array]:
+    """c_kv [b,s,Rkv] (after kv_norm) and RoPE'd shared key k_rope [b,s,r]: what the KV cache holds."""
     ckr = x @ p["wkv_a"].astype(x.dtype)
     c = layers.rms_norm(p["kv_norm"], ckr[..., : cfg.kv_lora_rank], cfg.rms_norm_eps)
     k_rope = rope.apply_rope(ckr[..., cfg.kv_lora_rank :], positions, tables)
     return c, k_rope
 
 
-def _softmax(scores: jax.Array, mask: jax.Array, dtype) -> jax.Array:
-    scores = jnp.where(mask, scores.astype(jnp.float32), NEG_INF)
-    return jax.nn.softmax(scores, axis=-1).astype(dtype)
+def core_attention(
+    p: dict,
+    q_nope: Float[Array, "batch q heads nope"],
+    q_rope: Float[Array, "batch q heads rope"],
+    c: Float[Array, "batch kv latent"],
+    k_rope: Float[Array, "batch kv rope"],
+    mask: Array,
+    *,
+    cfg,
+) -> Float[Array, "batch q embed"]:
+    """MLA's core: queries over latent keys/values under `mask` [b, 1, q, kv] (True = attend):
+    per-head up-projection of the latent (`wkv_b`), scaled scores, f32 softmax, values, output
+    projection. The local path (`attention`) and the context-parallel one
+    (`horizon.parallel.context`, over an all-gathered latent) both call it."""
+    H, n, v = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+    dt = q_nope.dtype
+    b, t = q_nope.shape[:2]
+    s = c.shape[1]
+    kv = (c @ p["wkv_b"].astype(dt)).reshape(b, s, H, n + v)
+    k_nope, val = kv[..., :n], kv[..., n:]
+    scores = jnp.einsum("bthn,bshn->bhts", q_nope, k_nope) + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope)
+    scores = jnp.where(mask, (scores * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bhts,bshv->bthv", probs, val).reshape(b, t, H * v)
+    return out @ p["wo"].astype(dt)
 
 
 def attention(
@@ -126,23 +148,13 @@ def attention(
                              "import horizon.parallel to register the parallel implementations")
         return ATTENTION_IMPLS[impl](p, x, positions, segment_ids, cfg=cfg)
     tables = rope.rope_tables(cfg)
-    H, n, v = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
-    dt = x.dtype
-    b, s, _ = x.shape
-    q_nope, q_rope = _queries(p, x, cfg)
-    q_rope = rope.apply_rope(q_rope, positions, tables)
-    c, k_rope = _kv_latent(p, x, positions, cfg, tables)
-    kv = (c @ p["wkv_b"].astype(dt)).reshape(b, s, H, n + v)
-    k_nope, val = kv[..., :n], kv[..., n:]
-    scores = jnp.einsum("bthn,bshn->bhts", q_nope, k_nope) + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope)
-    scores = scores * rope.softmax_scale(cfg)
+    s = x.shape[1]
+    q_nope, q_rope = queries(p, x, positions, cfg, tables)
+    c, k_rope = kv_latent(p, x, positions, cfg, tables)
     idx = jnp.arange(s)
     causal = idx[None, :] <= idx[:, None]  # [t, s]
     same_seg = segment_ids[:, :, None] == segment_ids[:, None, :]  # [b, t, s]
-    mask = (causal[None] & same_seg)[:, None]  # [b, 1, t, s]
-    probs = _softmax(scores, mask, dt)
-    out = jnp.einsum("bhts,bshv->bthv", probs, val).reshape(b, s, H * v)
-    return out @ p["wo"].astype(dt)
+    return core_attention(p, q_nope, q_rope, c, k_rope, (causal[None] & same_seg)[:, None], cfg=cfg)
 
 
 def init_attn_cache(cfg, batch: int, max_len: int, dtype) -> dict:
@@ -170,9 +182,8 @@ def attention_decode(
     dt = x.dtype
     b, t, _ = x.shape
     max_len = cache["c_kv"].shape[1]
-    q_nope, q_rope = _queries(p, x, cfg)
-    q_rope = rope.apply_rope(q_rope, positions, tables)
-    c_new, k_new = _kv_latent(p, x, positions, cfg, tables)
+    q_nope, q_rope = queries(p, x, positions, cfg, tables)
+    c_new, k_new = kv_latent(p, x, positions, cfg, tables)
 
     def write(buf, pos, new):
         return buf.at[pos].set(new.astype(buf.dtype), mode="drop")
@@ -186,9 +197,9 @@ def attention_decode(
     w_uk, w_uv = wkv_b[..., :n], wkv_b[..., n:]
     q_lat = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)  # absorb W_uk into the query
     scores = jnp.einsum("bthc,bsc->bhts", q_lat, c_all) + jnp.einsum("bthr,bsr->bhts", q_rope, k_all)
-    scores = scores * rope.softmax_scale(cfg)
     mask = (jnp.arange(max_len)[None, None, :] <= positions[:, :, None])[:, None]  # [b,1,t,S]
-    probs = _softmax(scores, mask, dt)
+    scores = jnp.where(mask, (scores * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     o_lat = jnp.einsum("bhts,bsc->bthc", probs, c_all)
     out = jnp.einsum("bthc,chv->bthv", o_lat, w_uv).reshape(b, t, H * v)  # absorb W_uv after the sum
     return out @ p["wo"].astype(dt), cache

@@ -69,29 +69,20 @@ def zigzag_unpermute(x: Array, cp: int, axis: int = 1) -> Array:
 
 
 def _local_attention(p, x, positions, segment_ids, seq_index, all_index, *, cfg):
-    """Body on one device: x [b, s_l, D] in zigzag layout; all_index [S] true index of every slot."""
+    """Body on one device: x [b, s_l, D] in zigzag layout; all_index [S] true index of every slot.
+    The local latent (the small [Rkv + r] vector per token) is all-gathered over ``context``, then
+    `mla.core_attention` runs the local queries over it with the causal mask on true indices."""
     tables = rope.rope_tables(cfg)
-    H, n, v, R = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-    dt = x.dtype
-    b, s, _ = x.shape
-    c, k_rope = mla._kv_latent(p, x, positions, cfg, tables)
+    R = cfg.kv_lora_rank
+    c, k_rope = mla.kv_latent(p, x, positions, cfg, tables)
     latent = jnp.concatenate([c, k_rope], axis=-1)                     # [b, s_l, Rkv + r]
     lat_all = jax.lax.all_gather(latent, pmesh.SEQ_AXIS, axis=1, tiled=True)  # [b, S, Rkv + r]
     seg_all = jax.lax.all_gather(segment_ids, pmesh.SEQ_AXIS, axis=1, tiled=True)
-    q_nope, q_rope = mla._queries(p, x, cfg)                           # overlappable with the gather
-    q_rope = rope.apply_rope(q_rope, positions, tables)
-    S = lat_all.shape[1]
-    kv = (lat_all[..., :R] @ p["wkv_b"].astype(dt)).reshape(b, S, H, n + v)  # local up-projection
-    k_nope, val = kv[..., :n], kv[..., n:]
-    k_r = lat_all[..., R:]
-    scores = jnp.einsum("bthn,bshn->bhts", q_nope, k_nope) + jnp.einsum("bthr,bsr->bhts", q_rope, k_r)
-    scores = scores * rope.softmax_scale(cfg)
+    q_nope, q_rope = mla.queries(p, x, positions, cfg, tables)          # overlappable with the gather
     causal = all_index[None, :] <= seq_index[:, None]                  # [s_l, S] on true indices
     same_seg = segment_ids[:, :, None] == seg_all[:, None, :]
     mask = (causal[None] & same_seg)[:, None]
-    probs = mla._softmax(scores, mask, dt)
-    out = jnp.einsum("bhts,bshv->bthv", probs, val).reshape(b, s, H * v)
-    return out @ p["wo"].astype(dt)
+    return mla.core_attention(p, q_nope, q_rope, lat_all[..., :R], lat_all[..., R:], mask, cfg=cfg)
 
 
 def cp_attention(

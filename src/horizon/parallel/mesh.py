@@ -86,6 +86,28 @@ def require_one_device(c) -> None:
         need(int(m[k]) == 1, f"mesh.{k}", m[k], "must be 1 (this driver runs on one device)")
 
 
+def validate_mesh(c) -> None:
+    """The `mesh` section of a driver that runs on it (SPEC §2): a known preset or axis sizes >= 1,
+    needing at most the devices this process has. Raises `ConfigError` naming the field."""
+    from horizon.utils.config import need, need_int
+
+    m = c.mesh
+    if m.preset:
+        need(m.preset in PRESETS, "mesh.preset", m.preset, f"must be '' or one of {sorted(PRESETS)}")
+    else:
+        for a in AXES:
+            need_int(m, a, "mesh", lo=1)
+    n, have = math.prod(mesh_sizes(m).values()), jax.device_count()
+    need(n <= have, "mesh.preset" if m.preset else "mesh", m.preset or mesh_sizes(m),
+         f"needs {n} devices, this process has {have} (on CPU: XLA_FLAGS=--xla_force_host_platform_device_count={n})")
+
+
+def mesh_from_config(c) -> jax.sharding.Mesh:
+    """The run's mesh from ``c.mesh`` over the first devices it needs (default: a 1-device mesh)."""
+    n = math.prod(mesh_sizes(c.mesh).values())
+    return make_mesh(c.mesh, jax.devices()[:n])
+
+
 def mesh_sizes(mcfg: ml_collections.ConfigDict) -> dict[str, int]:
     """Axis sizes from ``cfg.mesh``: the preset's if ``mcfg.preset`` is set, else the explicit sizes."""
     preset = mcfg.get("preset", "")
@@ -117,7 +139,8 @@ def make_mesh(mcfg: ml_collections.ConfigDict, devices=None) -> jax.sharding.Mes
                          axis_types=(jax.sharding.AxisType.Auto,) * len(AXES), devices=devices)
 
 
-def _axis_size(mesh, names: tuple[str, ...]) -> int:
+def axis_size(mesh, names: tuple[str, ...]) -> int:
+    """Devices along the mesh axes `names` (e.g. `BATCH_AXES`: the data-parallel ranks)."""
     return math.prod(mesh.shape[a] for a in names)
 
 
@@ -131,7 +154,7 @@ def logical_to_spec(logical: tuple[str | None, ...], shape: tuple[int, ...], rul
         if name is not None and name not in rules:
             raise ValueError(f"no sharding rule for logical axis {name!r}; known: {sorted(rules)}")
         cand = [a for a in (rules.get(name, ()) if name else ()) if a not in used and mesh.shape[a] > 1]
-        while cand and dim % _axis_size(mesh, tuple(cand)):
+        while cand and dim % axis_size(mesh, tuple(cand)):
             cand.pop()
         used.update(cand)
         out.append(tuple(cand) if len(cand) > 1 else (cand[0] if cand else None))

@@ -36,14 +36,13 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from horizon.model import loss as lm_loss
-from horizon.model import moe, transformer
+from horizon.model import transformer
 from horizon.parallel import context, experts  # noqa: F401  (register the shard_map implementations)
 from horizon.parallel import mesh as pmesh
-from horizon.train import lm, optim
+from horizon.train import lm
 
 
 def configure(cfg: ml_collections.ConfigDict, *, cp_layout: str = "zigzag") -> ml_collections.ConfigDict:
@@ -70,7 +69,8 @@ def cp_size(cfg) -> int:
 
 
 def lm_losses(params: Any, batch: lm.Batch, *, cfg, mesh) -> tuple[jax.Array, dict]:
-    """`lm.losses` for a configured cfg; with CP the model runs in the zigzag layout."""
+    """`lm.losses` for a configured cfg (the `loss_fn` of `lm.train_step` / `lm.eval_step` on a
+    mesh); with CP the model runs in the zigzag layout."""
     cp = cp_size(cfg)
     if cp == 1:
         return lm.losses(params, batch, cfg=cfg)
@@ -90,31 +90,6 @@ def lm_losses(params: Any, batch: lm.Batch, *, cfg, mesh) -> tuple[jax.Array, di
     return ce, {"loss": ce, "tokens": count, "router_load": aux["router_load"]}
 
 
-def lm_train_step(state: lm.TrainState, batch: lm.Batch, *, cfg, mesh, with_grads: bool = False):
-    """`lm.train_step` with `lm_losses` (same optimizer, router-bias update and metrics).
-
-    With `with_grads`, metrics also hold ``grads`` (for the equivalence tests)."""
-    (objective, aux), grads = jax.value_and_grad(partial(lm_losses, cfg=cfg, mesh=mesh), has_aux=True)(
-        state.params, batch)
-    trainable = lm.trainable_mask(state.params, cfg)
-    tx = optim.make_optimizer(cfg.train, trainable)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    load = aux["router_load"]
-    if load.size and not cfg.train.mtp_freeze_trunk:
-        params = moe.update_router_bias(params, load, cfg.model)
-    grad_norm = optax.tree.norm(jax.tree_util.tree_leaves(
-        jax.tree_util.tree_map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable)))
-    metrics = {"loss": aux["loss"], "objective": objective, "grad_norm": grad_norm,
-               "lr": optim.lr_schedule(cfg.train)(state.step), "tokens": aux["tokens"]}
-    if load.size:
-        metrics["router_imbalance"] = jnp.mean(load.max(-1) / jnp.maximum(load.mean(-1), 1e-9))
-    if with_grads:
-        metrics["grads"] = grads
-    rng, _ = jax.random.split(state.rng)
-    return lm.TrainState(state.step + 1, params, opt_state, rng), metrics
-
-
 def state_shardings(state_shapes: Any, params_shapes: Any, cfg, mesh) -> Any:
     """Shardings of a train state: params by the rules, optimizer moments like their params."""
     ps = pmesh.param_shardings(params_shapes, cfg, mesh)
@@ -126,8 +101,18 @@ def _with_mesh(fn: Callable, mesh) -> Callable:
         with jax.set_mesh(mesh):
             return fn(*args)
 
-    run.jitted = fn
+    def lower(*args):
+        with jax.set_mesh(mesh):
+            return fn.lower(*args)
+
+    run.jitted, run.lower, run.mesh = fn, lower, mesh
     return run
+
+
+def compiled_collectives(step: Callable, *args) -> dict[str, int]:
+    """Per-device bytes of each collective in `step`'s compiled program for `args` (`collective_bytes`);
+    the executable is cached, so a following call of `step` does not compile again."""
+    return collective_bytes(step.lower(*args).compile().as_text())
 
 
 def make_lm_train_step(cfg, mesh, state_shapes: lm.TrainState, *, with_grads: bool = False):
@@ -138,9 +123,18 @@ def make_lm_train_step(cfg, mesh, state_shapes: lm.TrainState, *, with_grads: bo
     st_sh = state_shardings(state_shapes, state_shapes.params, c, mesh)
     b_sh = pmesh.batch_sharding(mesh)
     metrics_sh = None  # let XLA pick (scalars end up replicated)
-    fn = jax.jit(partial(lm_train_step, cfg=c, mesh=mesh, with_grads=with_grads),
+    fn = jax.jit(partial(lm.train_step, cfg=c, loss_fn=partial(lm_losses, cfg=c, mesh=mesh), with_grads=with_grads),
                  in_shardings=(st_sh, b_sh), out_shardings=(st_sh, metrics_sh))
     return _with_mesh(fn, mesh), st_sh, b_sh
+
+
+def make_lm_eval_step(cfg, mesh, params_shapes: Any):
+    """Jitted sharded `lm.eval_step(params, batch)` (same loss as `make_lm_train_step`)."""
+    c = configure(cfg)
+    p_sh = pmesh.param_shardings(params_shapes, c, mesh)
+    fn = jax.jit(partial(lm.eval_step, cfg=c, loss_fn=partial(lm_losses, cfg=c, mesh=mesh)),
+                 in_shardings=(p_sh, pmesh.batch_sharding(mesh)))
+    return _with_mesh(fn, mesh)
 
 
 def make_forward(cfg, mesh, params_shapes: Any):
@@ -160,7 +154,7 @@ def rl_batch_shardings(batch: dict, mesh) -> dict:
     """[R, S] and [R] arrays over the batch axes, replay indices [L, R*S, k] on their token axis,
     group-level arrays replicated."""
     R, S = batch["tokens"].shape
-    nb = pmesh._axis_size(mesh, pmesh.BATCH_AXES)
+    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
     out = {}
     for k, v in batch.items():
         shape = tuple(v.shape)
@@ -181,7 +175,7 @@ def make_rl_train_step(cfg, mesh, state_shapes: Any, batch_shapes: dict):
     frozen = ml_collections.FrozenConfigDict(c)
     st_sh = state_shardings(state_shapes, state_shapes.params, c, mesh)
     b_sh = rl_batch_shardings(batch_shapes, mesh)
-    fn = jax.jit(partial(rl_trainer._train_step, cfg=frozen), in_shardings=(st_sh, b_sh), out_shardings=(st_sh, None))
+    fn = jax.jit(partial(rl_trainer.pure_train_step, cfg=frozen), in_shardings=(st_sh, b_sh), out_shardings=(st_sh, None))
     return _with_mesh(fn, mesh), st_sh, b_sh
 
 
@@ -205,7 +199,7 @@ def sampling_placer(mesh) -> Callable:
     dim 0; ``tokens`` may be ``[b]`` too); the cache's latent dim ``r`` also over ``context`` (when it divides), which is the layout
     GSPMD gives the decode step's updated cache, so the donated cache keeps one layout across steps
     and the context devices hold no replicas of it."""
-    nb = pmesh._axis_size(mesh, pmesh.BATCH_AXES)
+    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
     ncp = mesh.shape[pmesh.SEQ_AXIS]
 
     def put(a, spec):
@@ -234,7 +228,7 @@ def make_generate(cfg: ml_collections.ConfigDict, mesh) -> Callable:
     from horizon.rl.rollout import sampler
 
     c = sampling_config(cfg)
-    nb = pmesh._axis_size(mesh, pmesh.BATCH_AXES)
+    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
     place = sampling_placer(mesh)
 
     def generate(params, prompts, key, *, max_new_tokens: int, **kw):

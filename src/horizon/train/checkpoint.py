@@ -53,9 +53,11 @@ class Checkpointer:
 
     def restore(self, step: int, target: Any) -> tuple[Any, dict]:
         """Restore checkpoint `step` into the structure/dtypes of `target` (arrays or
-        `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape` of the init function)."""
+        `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape` of the init function) and onto its
+        shardings where it has them: a state saved on one mesh restores onto another (SPEC §2)."""
         abstract = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, target)
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+            if hasattr(x, "shape") else x, target)
         out = self._mngr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
         return out["state"], dict(out["meta"])

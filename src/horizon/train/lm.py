@@ -10,7 +10,7 @@ step is bitwise deterministic, which is what makes exact resume possible.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ from horizon.model import moe, mtp, transformer
 from horizon.train import optim
 
 Batch = dict[str, Array]  # tokens, segment_ids, positions, mask: [batch, seq]
+LossFn = Callable[[Any, Batch], tuple[Array, dict]]   # (params, batch) -> (objective, aux)
 
 
 class TrainState(NamedTuple):
@@ -37,18 +38,30 @@ class TrainState(NamedTuple):
 def validate_train_config(c: ml_collections.ConfigDict) -> None:
     """experiments/pretrain.py's and quant_ablation.py's config (configs/tiny.py): model, data and
     `train` fields checked before any directory or compile exists; `ConfigError` names the field."""
+    import math
     import pathlib
 
-    from horizon.parallel.mesh import require_one_device
+    from horizon.parallel.mesh import validate_mesh
     from horizon.utils.config import need, need_float, need_int
 
     transformer.validate_config(c.model)
-    require_one_device(c)
+    validate_mesh(c)
     d, t = c.data, c.train
     need_int(d, "seq_len", "data", lo=2)
     need(int(d.seq_len) <= int(c.model.max_seq_len), "data.seq_len", d.seq_len,
          f"must be <= model.max_seq_len={c.model.max_seq_len}")
     need_int(d, "batch_size", "data", lo=1)
+    from horizon.parallel.mesh import BATCH_AXES, SEQ_AXIS, mesh_sizes
+
+    sizes = mesh_sizes(c.mesh)
+    nb, cp = math.prod(sizes[a] for a in BATCH_AXES), sizes[SEQ_AXIS]
+    need(int(d.batch_size) % nb == 0, "data.batch_size", d.batch_size,
+         f"must be divisible by the mesh's batch axes (data*fsdp*expert = {nb})")
+    if cp > 1:
+        need(int(d.seq_len) % (2 * cp) == 0, "data.seq_len", d.seq_len,
+             f"must be divisible by 2*mesh.context = {2 * cp} (zigzag layout)")
+        need(int(c.model.mtp_depth) == 0, "model.mtp_depth", c.model.mtp_depth,
+             "must be 0 with mesh.context > 1 (MTP needs natural order)")
     need_float(d, "heldout_fraction", "data", 0.0, 1.0, lo_open=True)
     root = pathlib.Path(str(d.root) or ".")
     need(root.is_dir(), "data.root", d.root, "no such directory")
@@ -117,9 +130,14 @@ def losses(params: Any, batch: Batch, *, cfg: ml_collections.ConfigDict) -> tupl
     return objective, out
 
 
-def train_step(state: TrainState, batch: Batch, *, cfg: ml_collections.ConfigDict) -> tuple[TrainState, dict]:
-    """One optimizer step (pure; jit it with `cfg` closed over, see `jit_train_step`)."""
-    (objective, aux), grads = jax.value_and_grad(partial(losses, cfg=cfg), has_aux=True)(state.params, batch)
+def train_step(state: TrainState, batch: Batch, *, cfg: ml_collections.ConfigDict,
+               loss_fn: LossFn | None = None, with_grads: bool = False) -> tuple[TrainState, dict]:
+    """One optimizer step (pure; jit it with `cfg` closed over, see `jit_train_step`). The one LM
+    step of every mesh: `loss_fn(params, batch) -> (objective, aux)` defaults to `losses`; the
+    sharded step passes the context-parallel one (`horizon.parallel.sharded.lm_losses`). With
+    `with_grads`, metrics also hold ``grads`` (equivalence tests)."""
+    loss_fn = partial(losses, cfg=cfg) if loss_fn is None else loss_fn
+    (objective, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
     trainable = trainable_mask(state.params, cfg)
     tx = optim.make_optimizer(cfg.train, trainable)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -135,13 +153,15 @@ def train_step(state: TrainState, batch: Batch, *, cfg: ml_collections.ConfigDic
         metrics["mtp_loss"] = aux["mtp_loss"]
     if load.size:  # max/mean expert load, averaged over MoE layers (1 = perfectly balanced)
         metrics["router_imbalance"] = jnp.mean(load.max(-1) / jnp.maximum(load.mean(-1), 1e-9))
+    if with_grads:
+        metrics["grads"] = grads
     rng, _ = jax.random.split(state.rng)
     return TrainState(state.step + 1, params, opt_state, rng), metrics
 
 
-def eval_step(params: Any, batch: Batch, *, cfg: ml_collections.ConfigDict) -> dict:
+def eval_step(params: Any, batch: Batch, *, cfg: ml_collections.ConfigDict, loss_fn: LossFn | None = None) -> dict:
     """Held-out metrics for one batch: mean CE and its target count (weight for averaging)."""
-    _, aux = losses(params, batch, cfg=cfg)
+    _, aux = (partial(losses, cfg=cfg) if loss_fn is None else loss_fn)(params, batch)
     out = {"loss": aux["loss"], "tokens": aux["tokens"]}
     if "mtp_loss" in aux:
         out["mtp_loss"] = aux["mtp_loss"]

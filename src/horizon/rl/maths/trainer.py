@@ -219,7 +219,9 @@ def _accumulate(params, ref_params, batch: dict, *, cfg):
     return m, grads, None if loads is None else jnp.sum(loads, axis=0)
 
 
-def _train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
+def pure_train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
+    """The RL step as a pure function of (state, batch) for a frozen `cfg`: `train_step` jits it
+    for one device, `horizon.parallel.sharded.make_rl_train_step` with a mesh's shardings."""
     split = batch["tokens"].ndim == 3                       # micro-batches [M, rows, S]
     fn = _accumulate if split else _loss_grads_load
     m, grads, load = fn(state.params, state.ref_params, batch, cfg=cfg)
@@ -243,7 +245,7 @@ def _train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
 def _train_step_jit(state, batch, *, cfg):
-    return _train_step(state, batch, cfg=cfg)
+    return pure_train_step(state, batch, cfg=cfg)
 
 
 def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:

@@ -161,7 +161,7 @@ def _containers():
     ("rl_async", ["--config=configs/rl_async.py", "--config.rl.slots_per_batch=3"],
      r"rl\.slots_per_batch=3: must divide rl\.prompts_per_step=2"),
     ("pretrain", ["--config.train.warmup_steps=300"], r"train\.warmup_steps=300: must be < train\.steps=300"),
-    ("pretrain", ["--config.mesh.preset=ep4xcp2"], r"mesh\.preset='ep4xcp2'"),
+    ("pretrain", ["--config.mesh.preset=tp8"], r"mesh\.preset='tp8': must be '' or one of"),
     ("rl", ["--config.exp.pool_size=4"], r"exp\.pool_size=4: must hold one generation's rollouts"),
     ("rl", ["stray"], r"unexpected argument 'stray'"),
 ])

@@ -48,6 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = rl.seed
     c.model = rl.model
+    c.mesh = rl.mesh                                 # sampling runs sharded over it (SPEC §2)
     c.agent = rl.agent
     c.eval = eval_section(rl.exp)
     return c

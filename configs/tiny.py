@@ -96,4 +96,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.ep_dispatch = "padded"  # "padded" all_to_all (CPU+GPU) | "ragged" ragged_all_to_all (GPU only)
     c.mesh.ep_payload = "compute"  # "compute" dtype | "mxfp8" quantized dispatch (combine stays in compute dtype)
     c.mesh.ep_microbatches = 1    # token chunks pipelined through dispatch/GEMM/combine
+    # Global sequence packing before each RL step (SPEC §2; horizon.rl.runtime.core.pack_rows): rows are
+    # assigned to the data-parallel ranks by an attention-aware cost c(n) = a*n + b*n^2 per row
+    c.mesh.packing = "lpt"        # "lpt" (balanced, horizon.parallel.packing) | "none" (build_batch's order)
+    c.mesh.packing_cost_a = 0.0   # a, b >= 0; both 0 = the model's analytic FLOPs (packing.model_cost_model)
+    c.mesh.packing_cost_b = 0.0
     return c

@@ -163,6 +163,13 @@ def _containers():
     ("pretrain", ["--config.train.warmup_steps=300"], r"train\.warmup_steps=300: must be < train\.steps=300"),
     ("pretrain", ["--config.mesh.preset=tp8"], r"mesh\.preset='tp8': must be '' or one of"),
     ("rl", ["--config.exp.pool_size=4"], r"exp\.pool_size=4: must hold one generation's rollouts"),
+    ("rl", ["--config.mesh.data=3"], r"mesh=.*needs a power-of-two data\*fsdp\*expert \(got 3\)"),
+    ("rl", ["--config.mesh.preset=dp8", "--config.rl.batch.min_rows=4"],
+     r"rl\.batch\.min_rows=4: must be >= the mesh's 8 data-parallel ranks"),
+    ("selfsum", ["--config.mesh.preset=fsdp4xcp2", "--config.exp.sft.seq_len=250"],
+     r"exp\.sft\.seq_len=250: must be divisible by 2\*mesh\.context=4"),
+    ("rl_async", ["--config=configs/rl_async.py", "--config.mesh.packing=kk"], r"mesh\.packing='kk'"),
+    ("eval", ["--config.mesh.preset=tp8"], r"mesh\.preset='tp8': must be '' or one of"),
     ("rl", ["stray"], r"unexpected argument 'stray'"),
 ])
 def test_each_driver_refuses_bad_values_in_one_line(capsys, driver, argv, message):

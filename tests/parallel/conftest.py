@@ -41,3 +41,18 @@ def batch():
 def need8():
     if len(jax.devices()) < 8:
         pytest.skip(f"needs 8 devices, have {len(jax.devices())} (XLA_FLAGS set too late?)")
+
+
+def assert_adam_params_close(got, want, *, rtol: float, lr: float, label: str = "") -> None:
+    """Params after a few Adam steps on two layouts of the same computation (a mesh vs one device).
+
+    Adam moves a weight by ~``lr * g / (|g| + eps)`` whatever the gradient's size, so where a gradient
+    entry is itself roundoff-sized (|g| ~ eps) the layouts' reassociated sums move it by different
+    fractions of lr. Hence: every element within `rtol` (+ 1e-3 * lr), except at most 0.1% of a
+    tensor's elements, which must still be within 0.05 * lr (a roundoff-sized gradient, not a bug:
+    a wrong gradient moves weights by ~lr)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    d = np.abs(got - want)
+    loose = d > rtol * np.abs(want) + 1e-3 * lr
+    assert loose.mean() <= 1e-3, f"{label}: {loose.sum()} / {loose.size} elements beyond rtol={rtol}"
+    assert d.max() <= 0.05 * lr, f"{label}: max |diff| {d.max():.3g} > 0.05 * lr ({0.05 * lr:.3g})"

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from horizon.model import transformer
-from horizon.parallel import mesh as pmesh, sharded
 from horizon.rl.maths import trainer
 from horizon.utils.config import load_config_file
+from tests.parallel.conftest import assert_adam_params_close
 
 
 def _rl_batch(cfg, R=8, S=32, seed=0):
@@ -42,14 +42,13 @@ def test_sharded_rl_step_equals_single_device(preset, need8):
     cfg.mesh.preset = preset
     params = transformer.init(jax.random.key(0), cfg.model)
     batch = _rl_batch(cfg)
-    state = trainer.init_state(params, cfg)
-    mesh = pmesh.make_mesh(cfg.mesh)
-    step, st_sh, b_sh = sharded.make_rl_train_step(cfg, mesh, jax.eval_shape(lambda: state), batch)
-    new_s, m_s = step(jax.device_put(state, st_sh), jax.device_put(batch, b_sh))
-    new_s, m_s = jax.device_get((new_s, m_s))
-    new_r, m_r = trainer.train_step(jax.tree.map(jnp.copy, state), batch, cfg=cfg)  # donates its input
+    state = trainer.init_state(jax.tree.map(jnp.copy, params), cfg)      # placed on the config's mesh
+    assert not state.params["embed"].sharding.is_fully_replicated
+    new_s, m_s = jax.device_get(trainer.train_step(state, batch, cfg=cfg))
+    single = cfg.copy_and_resolve_references()
+    single.mesh.preset = ""
+    new_r, m_r = trainer.train_step(trainer.init_state(params, single), batch, cfg=single)
     for key in ("loss", "grad_norm", "entropy", "logprob_mean"):
         np.testing.assert_allclose(float(m_s[key]), float(m_r[key]), rtol=1e-5, err_msg=key)
-    for u, v in zip(jax.tree.leaves(new_s.params), jax.tree.leaves(new_r.params)):
-        v = np.asarray(v)
-        np.testing.assert_allclose(np.asarray(u), v, rtol=1e-5, atol=1e-6 * (np.abs(v).max() + 1e-30))
+    for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(new_s.params), jax.tree.leaves(new_r.params)):
+        assert_adam_params_close(u, v, rtol=1e-5, lr=float(cfg.rl.optim.lr), label=jax.tree_util.keystr(path))

@@ -29,11 +29,11 @@ def reference(need8):
 def test_sharded_greedy_generate_equals_single_device(preset, reference):
     params, prompts, kw, ref = reference
     cfg = mesh_cfg(preset)
-    mesh = pmesh.make_mesh(cfg.mesh)
-    p_sh = sharded.shard_for_sampling(params, cfg, mesh)
+    mesh = pmesh.run_mesh(cfg)
+    p_sh = sharded.place_params(params, cfg, mesh)
     if preset != "dp8":  # the rules really split the weights (dp8 replicates them by design)
         assert not p_sh["embed"].sharding.is_fully_replicated
-    out = sharded.make_generate(cfg, mesh)(p_sh, prompts, jax.random.key(0), **kw)
+    out = sampler.generate(p_sh, prompts, jax.random.key(0), cfg=cfg, **kw)   # the config's mesh shards the call
     for i in range(len(prompts)):
         np.testing.assert_array_equal(out.tokens[i], ref.tokens[i], err_msg=f"row {i}")
         assert len(out.tokens[i]) == NEW
@@ -47,7 +47,7 @@ def test_sharded_greedy_generate_equals_single_device(preset, reference):
     # the compiled decode step is partitioned: the latent cache comes out split on its batch dim over
     # the batch axes, in the layout it went in (so the donated cache keeps one layout across steps) ...
     P_, N_ = sampler.bucket(max(len(p) for p in prompts), 16), sampler.bucket(NEW, 16)  # generate's buckets
-    compiled = sharded.lower_decode_step(p_sh, cfg, mesh, 8, P_ + N_)
+    compiled = sampler.lower_decode_step(p_sh, cfg, 8, P_ + N_)
     nb = 8 // mesh.shape["context"]
     for got, want in zip(jax.tree.leaves(compiled.output_shardings[0]), jax.tree.leaves(compiled.input_shardings[0][1])):
         assert got.is_equivalent_to(want, 4), (got, want)

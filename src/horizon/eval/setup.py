@@ -72,6 +72,10 @@ def validate_eval_config(c) -> None:
     (built here: a missing tasks_root or task id fails now) and each checkpoint dir's existence."""
     transformer.validate_config(c.model)
     validate_agent_config(c.agent, max_seq_len=int(c.model.max_seq_len))
+    if "mesh" in c:                                  # sampling runs sharded over it
+        from horizon.parallel.mesh import validate_mesh
+
+        validate_mesh(c, power_of_two_ranks=True)
     e = c.eval
     need_choice(e, "task_source", "eval", ("synthetic", "envs"))
     need_choice(e, "backend", "eval", ("docker", "local"))

@@ -86,9 +86,11 @@ def require_one_device(c) -> None:
         need(int(m[k]) == 1, f"mesh.{k}", m[k], "must be 1 (this driver runs on one device)")
 
 
-def validate_mesh(c) -> None:
+def validate_mesh(c, *, power_of_two_ranks: bool = False) -> None:
     """The `mesh` section of a driver that runs on it (SPEC §2): a known preset or axis sizes >= 1,
-    needing at most the devices this process has. Raises `ConfigError` naming the field."""
+    needing at most the devices this process has; with `power_of_two_ranks` (drivers that bucket
+    batches to powers of two: RL, the sampler) a power-of-two data*fsdp*expert. Raises `ConfigError`
+    naming the field."""
     from horizon.utils.config import need, need_int
 
     m = c.mesh
@@ -100,12 +102,40 @@ def validate_mesh(c) -> None:
     n, have = math.prod(mesh_sizes(m).values()), jax.device_count()
     need(n <= have, "mesh.preset" if m.preset else "mesh", m.preset or mesh_sizes(m),
          f"needs {n} devices, this process has {have} (on CPU: XLA_FLAGS=--xla_force_host_platform_device_count={n})")
+    nb = math.prod(mesh_sizes(m)[a] for a in BATCH_AXES)
+    need(not power_of_two_ranks or nb & (nb - 1) == 0, "mesh.preset" if m.preset else "mesh", m.preset or mesh_sizes(m),
+         f"needs a power-of-two data*fsdp*expert (got {nb}): batches are bucketed to powers of two")
 
 
 def mesh_from_config(c) -> jax.sharding.Mesh:
     """The run's mesh from ``c.mesh`` over the first devices it needs (default: a 1-device mesh)."""
     n = math.prod(mesh_sizes(c.mesh).values())
     return make_mesh(c.mesh, jax.devices()[:n])
+
+
+_RUN_MESHES: dict[tuple, jax.sharding.Mesh] = {}
+
+
+def run_mesh(c) -> jax.sharding.Mesh | None:
+    """The mesh a run's steps execute on, from ``c.mesh`` (SPEC §2): None when the config has no
+    `mesh` section or it asks for one device (the steps then jit for the default device), else
+    `mesh_from_config`'s mesh, built once per axis-size tuple so every step of a run (trainer,
+    sampler, SFT) sees the same `Mesh` object and jit caches hit."""
+    if "mesh" not in c:
+        return None
+    sizes = mesh_sizes(c.mesh)
+    if math.prod(sizes.values()) == 1:
+        return None
+    key = tuple(sizes[a] for a in AXES)
+    if key not in _RUN_MESHES:
+        _RUN_MESHES[key] = mesh_from_config(c)
+    return _RUN_MESHES[key]
+
+
+def data_ranks(c) -> int:
+    """Data-parallel ranks of the run's mesh (the batch axes' size; 1 without a mesh)."""
+    m = run_mesh(c)
+    return 1 if m is None else axis_size(m, BATCH_AXES)
 
 
 def mesh_sizes(mcfg: ml_collections.ConfigDict) -> dict[str, int]:
@@ -175,9 +205,15 @@ def param_shardings(params_or_shapes: Any, cfg: ml_collections.ConfigDict, mesh)
                         is_leaf=lambda s: isinstance(s, P))
 
 
-def batch_sharding(mesh, ndim: int = 2, *, shard_seq: bool = False) -> NamedSharding:
+def batch_sharding(mesh, ndim: int = 2, *, shard_seq: bool = False, batch_dim: int = 0) -> NamedSharding:
     """Sharding of a ``[batch, seq, ...]`` input: batch over (data, fsdp, expert); seq over context
-    only if `shard_seq` (inputs arrive in natural order and are permuted to the zigzag layout inside)."""
+    only if `shard_seq` (inputs arrive in natural order and are permuted to the zigzag layout inside).
+    `batch_dim` > 0: the batch is that dim (e.g. rows of micro-batches ``[M, rows, S]``), the others
+    replicated."""
+    if batch_dim:
+        spec = [None] * ndim
+        spec[batch_dim] = BATCH_AXES
+        return NamedSharding(mesh, P(*spec))
     spec = [BATCH_AXES, SEQ_AXIS if shard_seq else None] + [None] * (ndim - 2)
     return NamedSharding(mesh, P(*spec[:ndim]))
 

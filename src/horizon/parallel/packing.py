@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 METHODS = ("round_robin", "lpt", "kk")
+ROW_ORDER_METHODS = ("none", "round_robin", "lpt")   # `balanced_row_order` (equal rows per rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,3 +215,48 @@ def rank_order(assignment: Assignment) -> np.ndarray:
     if len(counts) != 1:
         raise ValueError(f"ranks hold different row counts {sorted(counts)}: use equal_count=True")
     return np.concatenate([np.asarray(r, np.int64) for r in assignment.ranks])
+
+
+def model_cost_model(model_cfg) -> CostModel:
+    """The analytic, attention-aware cost of one row of ``n`` tokens for `model_cfg` (forward FLOPs;
+    the backward's 2x scales both terms alike, so the balance is the same):
+    ``a = 2 * (active params - embedding table)`` per token (every matmul), and
+    ``b = layers * heads * (qk_head_dim + v_head_dim)`` per token pair (QK^T and PV over the
+    ``n^2 / 2`` causal pairs, 2 FLOPs each)."""
+    from horizon.model import params as model_params  # noqa: PLC0415  (jax: only where a model is costed)
+
+    m = model_cfg
+    active = model_params.count_params(m)["active"] - int(m.vocab_size) * int(m.d_model)
+    qk = int(m.qk_nope_head_dim) + int(m.qk_rope_head_dim)
+    return CostModel(a=2.0 * active, b=float(int(m.num_layers) * int(m.num_heads) * (qk + int(m.v_head_dim))))
+
+
+def balanced_row_order(lengths: np.ndarray, n_ranks: int, cost_model: CostModel, *, method: str = "lpt"
+                       ) -> tuple[np.ndarray, dict]:
+    """Row order for a statically shaped batch sharded contiguously over `n_ranks` data-parallel
+    ranks: `lengths` is ``[R]`` (one step) or ``[M, r]`` (micro-batches, each balanced on its own).
+    ``method`` (`ROW_ORDER_METHODS`) "none" keeps the order. Returns (order shaped like `lengths`, stats): the estimated
+    step cost's imbalance ``sum_m max_rank / sum_m mean_rank`` for the new order (``imbalance``) and
+    for the given one (``imbalance_naive``)."""
+    lens = np.asarray(lengths)
+    blocks = lens.reshape(-1, lens.shape[-1])
+    if blocks.shape[1] % n_ranks:
+        raise ValueError(f"{blocks.shape[1]} rows do not split over {n_ranks} ranks")
+    orders, new_max, old_max, mean = [], 0.0, 0.0, 0.0
+    for row_lens in blocks:
+        cost = cost_model(row_lens)
+        if method == "none" or n_ranks == 1:
+            order = np.arange(len(row_lens))
+        else:
+            order = rank_order(balance(row_lens, n_ranks, cost_model, method=method, equal_count=True))
+        orders.append(order)
+        for acc, c in (("new", cost[order]), ("old", cost)):
+            loads = c.reshape(n_ranks, -1).sum(axis=1)
+            if acc == "new":
+                new_max += loads.max()
+                mean += loads.mean()
+            else:
+                old_max += loads.max()
+    stats = dict(imbalance=new_max / mean if mean > 0 else 1.0, imbalance_naive=old_max / mean if mean > 0 else 1.0,
+                 ranks=n_ranks)
+    return np.stack(orders).reshape(lens.shape), stats

@@ -11,14 +11,15 @@ then tokens, positions, segment ids, targets and weights are permuted to the zig
 constrained to ``P(batch, context)``; the model runs in that layout and the token-sum loss is
 permutation invariant. MTP needs natural-order shifts and is refused with CP > 1.
 
-RL step: `horizon.rl.maths.trainer`'s step is jitted with shardings; its loss shifts logits in natural
-order, so with CP it runs the model with ``cp_layout = "natural"`` (the attention permutes around
-itself; correct, two extra reshuffles per layer).
+RL step (`horizon.rl.maths.trainer.train_step` with a mesh, from ``configure(cfg, cp_layout="natural")``
+and `state_shardings`): its loss shifts logits in natural order, so with CP it runs the model with
+``cp_layout = "natural"`` (the attention permutes around itself; correct, two extra reshuffles per
+layer).
 
 All step functions enter ``jax.set_mesh(mesh)`` so the shard_map bodies find the mesh.
 
-Sampling (`make_generate`): `horizon.rl.rollout.sampler.generate` runs unchanged on sharded inputs. Params
-are placed by the same rules (`shard_for_sampling`), the padded prompt block, lengths and the latent
+Sampling (`horizon.rl.rollout.sampler.generate` with a config whose mesh has several devices) runs
+unchanged on sharded inputs. Params are placed by the same rules (`place_params`), the padded prompt block, lengths and the latent
 KV cache ``[L, b, slots, r]`` are split over the batch axes (the cache's ``r`` also over ``context``), and the sampler's jitted prefill / decode
 step are then partitioned by GSPMD from those input shardings (FSDP weights are all-gathered per
 layer; the cache stays batch-sharded across steps). Decode uses the **plain** paths
@@ -29,7 +30,6 @@ shard's rows and act as FSDP devices for the weights), and the EP shard_map is t
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 from typing import Any, Callable
 
@@ -45,10 +45,15 @@ from horizon.parallel import mesh as pmesh
 from horizon.train import lm
 
 
+def _unlocked_copy(cfg) -> ml_collections.ConfigDict:
+    """A plain, unlocked copy of a (possibly locked or frozen) config: the CLI locks every section."""
+    return ml_collections.ConfigDict(cfg.to_dict())
+
+
 def configure(cfg: ml_collections.ConfigDict, *, cp_layout: str = "zigzag") -> ml_collections.ConfigDict:
     """Copy of `cfg` with the model's attention / MoE implementations chosen from ``cfg.mesh``."""
     sizes = pmesh.mesh_sizes(cfg.mesh)
-    c = copy.deepcopy(cfg)
+    c = _unlocked_copy(cfg)
     m = c.mesh
     with c.unlocked():
         c.model.attention_impl = context.IMPL_NAME if sizes["context"] > 1 else "local"
@@ -150,47 +155,19 @@ def make_forward(cfg, mesh, params_shapes: Any):
     return _with_mesh(fn, mesh)
 
 
-def rl_batch_shardings(batch: dict, mesh) -> dict:
-    """[R, S] and [R] arrays over the batch axes, replay indices [L, R*S, k] on their token axis,
-    group-level arrays replicated."""
-    R, S = batch["tokens"].shape
-    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
-    out = {}
-    for k, v in batch.items():
-        shape = tuple(v.shape)
-        if k == "replay_indices" and len(shape) == 3 and shape[1] % nb == 0:
-            out[k] = NamedSharding(mesh, P(None, pmesh.BATCH_AXES, None))
-        elif shape[:1] == (R,) and R % nb == 0 and k not in ("chain_advantages",):
-            out[k] = NamedSharding(mesh, P(pmesh.BATCH_AXES, *([None] * (len(shape) - 1))))
-        else:
-            out[k] = pmesh.replicated(mesh)
-    return out
-
-
-def make_rl_train_step(cfg, mesh, state_shapes: Any, batch_shapes: dict):
-    """Sharded `horizon.rl.maths.trainer` step: (step(state, batch), state shardings, batch shardings)."""
-    from horizon.rl.maths import trainer as rl_trainer
-
-    c = configure(cfg, cp_layout="natural")
-    frozen = ml_collections.FrozenConfigDict(c)
-    st_sh = state_shardings(state_shapes, state_shapes.params, c, mesh)
-    b_sh = rl_batch_shardings(batch_shapes, mesh)
-    fn = jax.jit(partial(rl_trainer.pure_train_step, cfg=frozen), in_shardings=(st_sh, b_sh), out_shardings=(st_sh, None))
-    return _with_mesh(fn, mesh), st_sh, b_sh
-
-
 def sampling_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Copy of `cfg` for decoding under ``cfg.mesh``: plain attention / MoE (see module docstring)."""
-    c = copy.deepcopy(cfg)
+    c = _unlocked_copy(cfg)
     with c.unlocked():
         c.model.attention_impl = "local"
         c.model.moe_impl = "local"
     return c
 
 
-def shard_for_sampling(params: Any, cfg: ml_collections.ConfigDict, mesh) -> Any:
-    """`params` placed with the preset's rules (`mesh.param_shardings`) for `make_generate`."""
-    return jax.device_put(params, pmesh.param_shardings(params, sampling_config(cfg), mesh))
+def place_params(params: Any, cfg: ml_collections.ConfigDict, mesh) -> Any:
+    """`params` placed with the preset's rules (`mesh.param_shardings`): the trainer's and the
+    sampler's layout (a no-op for params already there)."""
+    return jax.device_put(params, pmesh.param_shardings(params, cfg, mesh))
 
 
 def sampling_placer(mesh) -> Callable:
@@ -217,40 +194,6 @@ def sampling_placer(mesh) -> Callable:
         return cache, row(tokens), row(lengths)
 
     return place
-
-
-def make_generate(cfg: ml_collections.ConfigDict, mesh) -> Callable:
-    """``generate(params, prompts, key, *, max_new_tokens, **sampler_kwargs)`` sharded over `mesh`.
-
-    `params` should come from `shard_for_sampling`. The batch bucket is at least the batch-axes size
-    (``min_batch_bucket`` defaults to it) so every row block divides evenly; returns
-    `sampler.SampleOutput` exactly like the single-device call."""
-    from horizon.rl.rollout import sampler
-
-    c = sampling_config(cfg)
-    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
-    place = sampling_placer(mesh)
-
-    def generate(params, prompts, key, *, max_new_tokens: int, **kw):
-        kw["min_batch_bucket"] = max(int(kw.get("min_batch_bucket", 1)), nb)
-        return sampler.generate(params, prompts, key, cfg=c, max_new_tokens=max_new_tokens, place=place, **kw)
-
-    generate.cfg = c
-    return generate
-
-
-def lower_decode_step(params: Any, cfg: ml_collections.ConfigDict, mesh, batch: int, max_len: int):
-    """Compiled sampler decode step on sharded inputs (as `make_generate` runs it), for inspection:
-    its ``output_shardings`` and ``as_text()`` HLO show how GSPMD partitioned it."""
-    from horizon.rl.rollout import sampler
-
-    c = sampling_config(cfg)
-    mcfg = sampler.frozen_model_cfg(c)
-    cache = transformer.init_cache(mcfg, batch, max_len)
-    tok = jnp.zeros((batch,), jnp.int32)
-    cache, tok, pos = sampling_placer(mesh)(cache, tok, tok)
-    return sampler.decode_step.lower(params, cache, tok, pos, jax.random.key(0), jnp.float32(0.0), jnp.float32(1.0),
-                               cfg=mcfg).compile()
 
 
 _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",

@@ -15,7 +15,8 @@ import pathlib
 from horizon.agent import validate_agent_config
 from horizon.agent.rollout import STRATEGIES
 from horizon.model import transformer
-from horizon.parallel.mesh import require_one_device
+from horizon.parallel import mesh as pmesh
+from horizon.parallel.packing import ROW_ORDER_METHODS
 from horizon.rl.maths import losses, rewards
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
@@ -80,6 +81,37 @@ def validate_rl(c, steps: int) -> None:
     need_int(r, "checkpoint_every", "rl", lo=1)
     need_int(r, "max_checkpoints", "rl", lo=1)
     need_int(r, "hard_prompt_start_step", "rl", lo=-1)
+
+
+def validate_rl_mesh(c) -> None:
+    """`mesh` for an RL driver (SPEC §2): a mesh this process can build (`mesh.validate_mesh`), a
+    power-of-two data-parallel rank count that divides every bucketed batch (RL rows and
+    micro-batches, SFT rows; sampler batches are bucketed to at least it), sequences that split
+    for CP, and the packing method / cost model."""
+    pmesh.validate_mesh(c, power_of_two_ranks=True)
+    sizes = pmesh.mesh_sizes(c.mesh)
+    nb, cp = 1, sizes[pmesh.SEQ_AXIS]
+    for a in pmesh.BATCH_AXES:
+        nb *= sizes[a]
+    b = c.rl.batch
+    need(int(b.min_rows) >= nb, "rl.batch.min_rows", b.min_rows, f"must be >= the mesh's {nb} data-parallel ranks")
+    micro = int(b.get("micro_rows", 0) or 0)
+    need(micro % nb == 0, "rl.batch.micro_rows", micro, f"must be a multiple of the mesh's {nb} data-parallel ranks")
+    need(int(b.min_seq) % (2 * cp) == 0, "rl.batch.min_seq", b.min_seq, f"must be divisible by 2*mesh.context={2 * cp}")
+    if "exp" in c and "sft" in c.exp:
+        s = c.exp.sft
+        for k in ("batch_size", "clean_batch_size"):
+            if s.get(k) is not None:
+                need(int(s[k]) % nb == 0, f"exp.sft.{k}", s[k], f"must be divisible by the mesh's {nb} data-parallel ranks")
+        for k in ("seq_len", "clean_seq_len"):
+            if s.get(k) is not None:
+                need(int(s[k]) % (2 * cp) == 0, f"exp.sft.{k}", s[k], f"must be divisible by 2*mesh.context={2 * cp}")
+        need(cp == 1 or int(c.model.mtp_depth) == 0, "model.mtp_depth", c.model.mtp_depth,
+             "must be 0 with mesh.context > 1 (the SFT step's zigzag layout; MTP needs natural order)")
+    m = c.mesh
+    need_choice(m, "packing", "mesh", ROW_ORDER_METHODS)
+    need_float(m, "packing_cost_a", "mesh", 0.0)
+    need_float(m, "packing_cost_b", "mesh", 0.0)
 
 
 def validate_sft(c) -> None:
@@ -158,11 +190,11 @@ def validate_sandboxes(c) -> None:
 def validate_experiment(c, env: str) -> None:
     """experiments/rl.py and experiments/selfsum.py: the whole config, for the `env` family."""
     validate_model(c)
-    require_one_device(c)
     validate_agent_budget(c)
     e = c.exp
     steps = need_int(e, "steps", "exp", lo=1)
     validate_rl(c, steps)
+    validate_rl_mesh(c)
     validate_family(c, env)
     need_int(e, "n_sft_tasks", "exp", lo=1)
     validate_pool_size(c)
@@ -187,9 +219,9 @@ def validate_async(c) -> None:
     """experiments/rl_async.py: model, `rl`, the `async_` section and, for `async_.env="experiment"`,
     the experiment's family, sandboxes and pool (`exp.steps` is every loop's step count)."""
     validate_model(c)
-    require_one_device(c)
     steps = need_int(c.exp, "steps", "exp", lo=1)
     validate_rl(c, steps)
+    validate_rl_mesh(c)
     a = c.async_
     need_int(a, "max_staleness", "async_", lo=0)
     for k in ("num_rollout_workers", "publish_every", "full_every", "keep_fulls", "shard_elems", "publish_threads",

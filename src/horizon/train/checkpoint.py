@@ -89,12 +89,19 @@ def restore_params(directory: str | pathlib.Path, model_cfg) -> tuple[Any, dict]
     path = pathlib.Path(directory).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint dir {path} does not exist")
-    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"))
+    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"),
+                                 item_handlers=dict(state=ocp.StandardCheckpointHandler(),
+                                                    meta=ocp.JsonCheckpointHandler()))
     try:
         step = mngr.latest_step()
         if step is None:
             raise FileNotFoundError(f"no checkpoint steps in {path}")
-        raw = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+        # onto this process's default device, whatever mesh wrote it (the caller's run places the
+        # params on its own mesh: trainer.init_state, the sampler)
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev),
+                              mngr.item_metadata(step)["state"].tree)
+        raw = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                          meta=ocp.args.JsonRestore()))
     finally:
         mngr.close()

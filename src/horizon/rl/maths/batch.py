@@ -198,6 +198,29 @@ def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *,
     return out
 
 
+def permute_rows(batch: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
+    """`batch` with its rows in `order` (``[R]``, or ``[M, r]`` for a split batch: each micro-batch's
+    rows permuted within it), replay indices moved with their rows; group-level fields unchanged.
+    The RL loss sums over rows and reads chain / segment ids from the row fields, so it is
+    row-order invariant (global sequence packing, `horizon.parallel.packing.balanced_row_order`)."""
+    order = np.asarray(order, np.int64)
+    split = batch["tokens"].ndim == 3
+    out = dict(batch)
+    for name in ROW_FIELDS:
+        x = np.asarray(batch[name])
+        out[name] = np.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - order.ndim)), axis=order.ndim - 1)
+    rep = np.asarray(batch["replay_indices"])
+    R, S = batch["tokens"].shape[-2:]
+    if split:
+        M, L, _, k = rep.shape
+        r = rep.reshape(M, L, R, S, k)
+        out["replay_indices"] = np.stack([r[m][:, order[m]] for m in range(M)]).reshape(rep.shape)
+    else:
+        L, _, k = rep.shape
+        out["replay_indices"] = rep.reshape(L, R, S, k)[:, order].reshape(rep.shape)
+    return out
+
+
 def build_batch_from_config(groups, rewards, cfg) -> dict[str, np.ndarray]:
     """`build_batch` with shapes/options from the full config (`c.model`, `c.rl`, `c.rl.batch`);
     split into micro-batches of `rl.batch.micro_rows` rows when that is > 0."""

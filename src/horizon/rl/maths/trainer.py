@@ -22,6 +22,13 @@ One step on a batch from `horizon.rl.maths.batch.build_batch`:
    `trainable_mask`, which excludes `router_bias`) with global-norm clipping, then the
    aux-loss-free router-bias update from the router load over real tokens only.
 
+Mesh (SPEC §2). The same step serves every mesh: with a config whose ``mesh`` asks for several
+devices (`horizon.parallel.mesh.run_mesh`), `init_state` places the state by the one rules table
+(optimizer moments like their params), `train_step` places the batch's rows over the data-parallel
+ranks (`batch_shardings`) and runs the jitted step under that mesh with the attention / MoE
+implementations the mesh selects (`horizon.parallel.sharded.configure`, natural CP layout); the
+new state keeps the input's shardings.
+
 Metrics: reward mean, best-of-K (max reward per group, averaged), KL estimates, entropy of the
 trained positions, clip fraction, token counts, grad norm, staleness (policy versions).
 """
@@ -39,6 +46,8 @@ import optax
 from jaxtyping import Array, Float, Int
 
 from horizon.model import moe, transformer
+from horizon.parallel import mesh as pmesh
+from horizon.parallel import sharded
 from horizon.rl.maths import losses
 from horizon.rl.maths.batch import ROW_FIELDS
 from horizon.train import optim
@@ -66,7 +75,43 @@ def init_state(params, cfg, *, ref_params=None) -> RLState:
     if ref_params is None and bool(cfg.rl.use_reference) and float(cfg.rl.kl_coef) > 0:
         ref_params = jax.tree.map(jnp.copy, params)
     opt_state = make_optimizer(params, cfg).init(params)
-    return RLState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, ref_params=ref_params)
+    return place_state(RLState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
+                               ref_params=ref_params), cfg)
+
+
+def state_shardings(state, cfg, mesh):
+    """Shardings of an `RLState` (arrays or shapes) on `mesh`: params and reference by the rules
+    table, optimizer moments like their params, the step replicated."""
+    return sharded.state_shardings(state, state.params, cfg, mesh)
+
+
+def place_state(state: RLState, cfg) -> RLState:
+    """`state` on the run's mesh (`state_shardings`); unchanged without one. Also the restore
+    target of a checkpoint: orbax then reads each array onto these shardings, whatever the mesh
+    the checkpoint was saved from."""
+    mesh = pmesh.run_mesh(cfg)
+    return state if mesh is None else jax.device_put(state, state_shardings(state, cfg, mesh))
+
+
+def batch_shardings(batch: dict, mesh) -> dict:
+    """The RL batch on `mesh`: row fields (`ROW_FIELDS`, rows = dim 0, or dim 1 of micro-batches
+    ``[M, rows, S]``) split over the data-parallel ranks, replay indices on their token dim
+    (row-major, so the same rows), group-level arrays replicated. Rows must divide evenly."""
+    ax = 1 if batch["tokens"].ndim == 3 else 0
+    rows, nb = batch["tokens"].shape[ax], pmesh.axis_size(mesh, pmesh.BATCH_AXES)
+    if rows % nb:
+        raise ValueError(f"{rows} batch rows do not split over {nb} data-parallel ranks: rl.batch.min_rows "
+                         f"(and micro_rows) must be multiples of {nb}")
+    out = {}
+    for k, v in batch.items():
+        nd = len(v.shape)
+        if k == "replay_indices":
+            out[k] = pmesh.batch_sharding(mesh, nd, batch_dim=ax + 1)
+        elif k in ROW_FIELDS:
+            out[k] = pmesh.batch_sharding(mesh, nd, batch_dim=ax)
+        else:
+            out[k] = pmesh.replicated(mesh)
+    return out
 
 
 def token_logprobs(
@@ -220,8 +265,8 @@ def _accumulate(params, ref_params, batch: dict, *, cfg):
 
 
 def pure_train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
-    """The RL step as a pure function of (state, batch) for a frozen `cfg`: `train_step` jits it
-    for one device, `horizon.parallel.sharded.make_rl_train_step` with a mesh's shardings."""
+    """The RL step as a pure function of (state, batch) for a frozen `cfg` (`train_step` jits it,
+    for one device or a mesh)."""
     split = batch["tokens"].ndim == 3                       # micro-batches [M, rows, S]
     fn = _accumulate if split else _loss_grads_load
     m, grads, load = fn(state.params, state.ref_params, batch, cfg=cfg)
@@ -243,22 +288,40 @@ def pure_train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]
     return new, m
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
-def _train_step_jit(state, batch, *, cfg):
-    return pure_train_step(state, batch, cfg=cfg)
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh"), donate_argnames=("state",))
+def _train_step_jit(state, batch, *, cfg, mesh=None):
+    new, m = pure_train_step(state, batch, cfg=cfg)
+    if mesh is not None:            # the new state keeps the rules' layout (the next step's input)
+        new = jax.lax.with_sharding_constraint(new, state_shardings(new, cfg, mesh))
+    return new, m
+
+
+def _step_args(state, batch: dict, cfg):
+    """(mesh or None, frozen step config, placed batch) of a `train_step` call."""
+    mesh = pmesh.run_mesh(cfg)
+    c = cfg if mesh is None else sharded.configure(cfg, cp_layout="natural")
+    frozen = c if isinstance(c, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(c)
+    if mesh is None:
+        return None, frozen, {k: jnp.asarray(v) for k, v in batch.items()}
+    return mesh, frozen, jax.device_put(dict(batch), batch_shardings(batch, mesh))
 
 
 def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
-    """Jitted pure RL step (module docstring). `cfg` is the full config (model + rl); the
-    input `state` is donated. `batch` is `build_batch`'s dict (numpy or jax arrays)."""
-    frozen = cfg if isinstance(cfg, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(cfg)
-    batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    return _train_step_jit(state, batch, cfg=frozen)
+    """Jitted pure RL step (module docstring), on the run's mesh if `cfg.mesh` asks for one (the
+    state from `init_state` / `place_state`). `cfg` is the full config (model + rl); the input
+    `state` is donated. `batch` is `build_batch`'s dict (numpy or jax arrays)."""
+    mesh, frozen, b = _step_args(state, batch, cfg)
+    if mesh is None:
+        return _train_step_jit(state, b, cfg=frozen)
+    with jax.set_mesh(mesh):
+        return _train_step_jit(state, b, cfg=frozen, mesh=mesh)
 
 
 def compile_train_step(state: RLState, batch: dict, *, cfg):
-    """Ahead-of-time compiled `train_step` for this state and batch shape (for memory and
-    cost analysis: `.memory_analysis()`, `.cost_analysis()`; calling it runs one step)."""
-    frozen = cfg if isinstance(cfg, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(cfg)
-    batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    return _train_step_jit.lower(state, batch, cfg=frozen).compile()
+    """Ahead-of-time compiled `train_step` for this state and batch shape (for memory, cost and
+    collective analysis: `.memory_analysis()`, `.cost_analysis()`, `.as_text()`)."""
+    mesh, frozen, b = _step_args(state, batch, cfg)
+    if mesh is None:
+        return _train_step_jit.lower(state, b, cfg=frozen).compile()
+    with jax.set_mesh(mesh):
+        return _train_step_jit.lower(state, b, cfg=frozen, mesh=mesh).compile()

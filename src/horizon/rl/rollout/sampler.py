@@ -26,6 +26,14 @@ run with ``temperature=1, top_p=1`` for exactly on-policy samples.
 Shapes are bucketed (powers of two, with config minimums) for batch, prompt length and
 generation length so the prefill and step functions compile once per bucket.
 
+Mesh (SPEC §2). With a full config whose ``mesh`` asks for several devices (`mesh.run_mesh`),
+`generate` runs sharded: params are placed by the one rules table, the padded prompt block, lengths
+and latent KV cache ``[L, b, slots, r]`` are split over the batch axes
+(`horizon.parallel.sharded.sampling_placer`; the batch bucket is at least the data-parallel rank
+count), and the jitted prefill / decode step are partitioned by GSPMD from those input shardings.
+Decode runs the plain attention / MoE paths (`sharded.sampling_config`): one token per row has no
+sequence to split over ``context``.
+
 In-flight weight updates (SPEC §4.1, PipelineRL). With `poll() -> (params, version)` instead
 of fixed params, `generate` checks for newer weights every `chunk_tokens` decode steps and
 switches to them *mid-generation*. Every generated token is tagged with the version whose
@@ -59,6 +67,8 @@ from jaxtyping import Array, Float, Int
 
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
+from horizon.parallel import mesh as pmesh
+from horizon.parallel import sharded
 from horizon.rl.maths.batch import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
 
 _TOK = ByteTokenizer()
@@ -151,7 +161,6 @@ def generate(
     min_batch_bucket: int = 1,
     min_prompt_bucket: int = 16,
     min_new_bucket: int = 16,
-    place: Callable | None = None,
     version: int = 0,
     poll: Callable[[], tuple[dict, int]] | None = None,
     chunk_tokens: int = 0,
@@ -159,15 +168,19 @@ def generate(
 ) -> SampleOutput:
     """Sample continuations of `prompts` (1-D int token arrays) with the latent KV cache.
 
-    `cfg` is the model config (or a full config with `.model`). See the module docstring for
-    the layout, logprob and routing conventions. Deterministic in `key`. `place(cache, tokens,
-    lengths) -> (cache, tokens, lengths)`, if given, places the padded batch before prefill (e.g.
-    `horizon.parallel.sharded.make_generate` shards it over a mesh; the jitted steps then run
-    partitioned and keep that layout). Tokens are tagged with `version`; or, with
+    `cfg` is the model config (or a full config with `.model`; its `mesh`, if any, shards the
+    call: module docstring). See the module docstring for the layout, logprob and routing
+    conventions. Deterministic in `key`. Tokens are tagged with `version`; or, with
     `poll() -> (params, version)` (and `params=None`), weights come from `poll` and may switch
     every `chunk_tokens` steps (in-flight updates, module docstring; `kv_mode` "keep" |
     "recompute").
     """
+    mesh = pmesh.run_mesh(cfg)
+    place = None
+    if mesh is not None:
+        cfg = sharded.sampling_config(cfg)
+        place = sharded.sampling_placer(mesh)
+        min_batch_bucket = max(int(min_batch_bucket), pmesh.axis_size(mesh, pmesh.BATCH_AXES))
     mcfg = frozen_model_cfg(cfg)
     if poll is not None:
         if params is not None:
@@ -206,6 +219,8 @@ def generate(
 
     if poll is not None:
         params, version = poll()
+    if mesh is not None:
+        params = sharded.place_params(params, cfg, mesh)
     cache = transformer.init_cache(mcfg, B, P + N)
     toks_j, lens_j = jnp.asarray(toks), jnp.asarray(lens_b)
     if place is not None:
@@ -231,10 +246,12 @@ def generate(
             new_params, new_version = poll()
             if new_version != version:
                 params, version = new_params, new_version
+                if mesh is not None:
+                    params = sharded.place_params(params, cfg, mesh)
                 switches += 1
                 if kv_mode == "recompute":
                     key, cache, tok, lp = _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, P + N, key,
-                                                     temp, tp, mcfg)
+                                                     temp, tp, mcfg, place)
                     tok_version = version
         tok_h, lp_h = np.asarray(tok), np.asarray(lp)
         live = ~done
@@ -265,7 +282,22 @@ def generate(
     )
 
 
-def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp, mcfg):
+def lower_decode_step(params, cfg, batch: int, max_len: int):
+    """The compiled decode step on inputs placed as `generate` places them under `cfg`'s mesh, for
+    inspection: its ``output_shardings`` and ``as_text()`` HLO show how GSPMD partitioned it."""
+    mesh = pmesh.run_mesh(cfg)
+    if mesh is None:
+        raise ValueError("lower_decode_step inspects a sharded decode: cfg.mesh must ask for several devices")
+    c = sharded.sampling_config(cfg)
+    mcfg = frozen_model_cfg(c)
+    cache = transformer.init_cache(mcfg, batch, max_len)
+    tok = jnp.zeros((batch,), jnp.int32)
+    cache, tok, pos = sharded.sampling_placer(mesh)(cache, tok, tok)
+    return decode_step.lower(sharded.place_params(params, c, mesh), cache, tok, pos, jax.random.key(0),
+                             jnp.float32(0.0), jnp.float32(1.0), cfg=mcfg).compile()
+
+
+def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp, mcfg, place):
     """kv_mode="recompute" at a weight switch: prefill prompt + generated tokens with the new
     weights, sample the pending token again, and overwrite the generated tokens' routing with
     the new prefill's (in place in `out_ri`). Returns (key, cache, tok, lp)."""
@@ -276,9 +308,11 @@ def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp
     for i in range(B):
         full[i, lens_b[i]: lens_b[i] + m[i]] = out_tok[i, : m[i]]
     cache = transformer.init_cache(mcfg, B, total)
+    toks_j, lens_j = jnp.asarray(full), jnp.asarray(lens_b + m)
+    if place is not None:
+        cache, toks_j, lens_j = place(cache, toks_j, lens_j)
     key, kr = jax.random.split(key)
-    cache, tok, lp, ri_full = prefill(params, cache, jnp.asarray(full), jnp.asarray(lens_b + m), kr, temp, tp,
-                                       cfg=mcfg)
+    cache, tok, lp, ri_full = prefill(params, cache, toks_j, lens_j, kr, temp, tp, cfg=mcfg)
     ri_full = np.asarray(ri_full).reshape(L_moe, B, total, k)
     for i in range(n):
         out_ri[:, i, : m[i]] = ri_full[:, i, lens_b[i]: lens_b[i] + m[i]]

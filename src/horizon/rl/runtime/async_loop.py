@@ -105,9 +105,14 @@ def initial_params(cfg):
 
 
 def child_env(cfg) -> dict[str, str]:
-    """Environment for JAX child processes: CPU, one device, few threads (shared machine)."""
+    """Environment for JAX child processes: CPU, as many devices as the run's mesh (`c.mesh`: the
+    trainer and each rollout worker run their steps on it), few threads (shared machine)."""
+    import math  # noqa: PLC0415
+
+    from horizon.parallel.mesh import mesh_sizes  # noqa: PLC0415
+
     n = int(cfg.async_.threads_per_process)
-    flags = "--xla_force_host_platform_device_count=1"
+    flags = f"--xla_force_host_platform_device_count={math.prod(mesh_sizes(cfg.mesh).values())}"
     if n == 1:
         flags += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     return {"XLA_FLAGS": flags, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
@@ -155,29 +160,19 @@ def token_staleness(groups_records, step: int) -> dict[int, int]:
 def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
     """Trainer process: consume groups of step t (slot order), train, checkpoint, publish t+1."""
     _setup_jax(cfg)
-    import jax  # noqa: PLC0415
-
-    from horizon.rl.maths import trainer  # noqa: PLC0415
-    from horizon.train.checkpoint import Checkpointer  # noqa: PLC0415
-
     a = cfg.async_
     run = pathlib.Path(run_dir)
     N = int(cfg.rl.prompts_per_step)
     store = storage.GroupStore(run / "groups")
     log = run / "trainer.jsonl"
-    state = trainer.init_state(initial_params(cfg), cfg)
-    ckpt = Checkpointer(run / "ckpt", every=int(cfg.rl.checkpoint_every), keep=int(cfg.rl.max_checkpoints))
-    start = 0
-    restored = ckpt.restore_latest(state)
-    if restored is not None:
-        state, meta = restored
-        start = int(meta["step"])
+    state, ckpt, meta = runtime.resume_rl_state(initial_params(cfg), cfg, run / "ckpt")
+    start = 0 if meta is None else int(meta["step"])
     pub = make_publisher(cfg, run / "weights")
     pub.resume()
     apub = weight_sync.AsyncPublisher(pub)
     apub.submit(state.params, start)      # version `start` (re-publish = bit-identity check)
     apub.wait()
-    _jsonl(log, dict(event="start", pid=os.getpid(), step=start, restored=restored is not None, time=time.time()))
+    _jsonl(log, dict(event="start", pid=os.getpid(), step=start, restored=meta is not None, time=time.time()))
     for step in range(start, num_steps):
         slots = range(step * N, (step + 1) * N)
         t0 = time.time()
@@ -197,7 +192,8 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
                          generated_tokens=int(sum(r.generated_tokens for r in recs)),
                          publish=[dict(version=s.version, kind=s.kind, ratio=s.ratio, bytes=s.file_bytes,
                                        seconds=s.seconds) for s in stats[-2:]],
-                         **{k: m[k] for k in ("loss", "grad_norm", "entropy", "sampler_logprob_diff") if k in m}))
+                         **{k: m[k] for k in m if k in ("loss", "grad_norm", "entropy", "sampler_logprob_diff")
+                            or k.startswith("pack/")}))
     apub.close()
     ckpt.close()
     _jsonl(log, dict(event="done", pid=os.getpid(), step=num_steps, time=time.time()))

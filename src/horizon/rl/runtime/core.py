@@ -16,7 +16,10 @@ groups and reach identical params (tests/rl/test_one_loop.py).
   (`rollout_groups`) whose sampling key is ``fold_in(run_keys(seed)["rollout"], first slot)``:
   the same batch gets the same samples in every loop and after every restart.
 - **Training.** `train_groups` builds the batch of a step's groups in slot order
-  (`batch.build_batch_from_config`) and takes one `trainer.train_step`.
+  (`batch.build_batch_from_config`), packs its rows over the mesh's data-parallel ranks
+  (`pack_rows`, SPEC §2 global sequence packing) and takes one `trainer.train_step` (on the run's
+  mesh, `c.mesh`). `resume_rl_state` is the one start of a trainer: state on the mesh, restored
+  from the run's newest checkpoint.
 """
 
 from __future__ import annotations
@@ -165,9 +168,46 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
     return recs, dict(seconds=dt, switches=int(policy.state["switches"]), start_version=start_version)
 
 
+def pack_rows(b: dict, cfg) -> tuple[dict, dict]:
+    """Global sequence packing before an RL step (SPEC §2): `b`'s rows (one segment each, SPEC §4)
+    reordered so that the contiguous split over the mesh's data-parallel ranks
+    (`mesh.data_ranks`) balances the estimated cost per rank (`mesh.packing_cost_a/b`, 0/0 = the
+    model's analytic attention-aware cost, `packing.model_cost_model`; method `mesh.packing`).
+    Returns (batch, {"pack/imbalance", "pack/imbalance_naive", "pack/ranks"}): max/mean estimated
+    cost per rank after packing and for `build_batch`'s own order."""
+    from horizon.parallel import mesh as pmesh  # noqa: PLC0415
+    from horizon.parallel import packing  # noqa: PLC0415
+    from horizon.rl.maths import batch as rlbatch  # noqa: PLC0415
+
+    m = cfg.mesh
+    a, bq = float(m.packing_cost_a), float(m.packing_cost_b)
+    cost = packing.model_cost_model(cfg.model) if a == 0 and bq == 0 else packing.CostModel(a, bq)
+    lengths = np.asarray(b["valid"]).sum(axis=-1)
+    order, st = packing.balanced_row_order(lengths, pmesh.data_ranks(cfg), cost, method=str(m.packing))
+    return rlbatch.permute_rows(b, order), {f"pack/{k}": float(v) for k, v in st.items()}
+
+
+def resume_rl_state(params, cfg, directory):
+    """The start of every RL trainer: a fresh `RLState` of (a copy of) `params` on the run's mesh,
+    restored from the newest checkpoint in `directory` if there is one (onto this mesh's shardings,
+    whatever mesh wrote it). Returns (state, checkpointer, checkpoint meta or None)."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from horizon.rl.maths import trainer  # noqa: PLC0415
+    from horizon.train.checkpoint import Checkpointer  # noqa: PLC0415
+
+    # train_step donates its state: copy, so the caller's `params` (e.g. one SFT checkpoint shared
+    # by several runs, experiments/selfsum.py) stay valid
+    state = trainer.init_state(jax.tree.map(jnp.copy, params), cfg)
+    ck = Checkpointer(directory, every=int(cfg.rl.checkpoint_every), keep=int(cfg.rl.max_checkpoints))
+    got = ck.restore_latest(state)
+    return (state, ck, None) if got is None else (got[0], ck, got[1])
+
+
 def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
-    """One RL step on a step's groups (slot order): `build_batch_from_config` -> `trainer.train_step`.
-    Returns (state, {metric: float}, the batch)."""
+    """One RL step on a step's groups (slot order): `build_batch_from_config` -> `pack_rows` ->
+    `trainer.train_step`. Returns (state, {metric: float} with the packing stats, the batch)."""
     import jax  # noqa: PLC0415
 
     from horizon.rl.maths import batch as rlbatch  # noqa: PLC0415
@@ -176,5 +216,6 @@ def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
     groups = sorted(groups, key=lambda g: g.slot)
     b = rlbatch.build_batch_from_config([g.trajectories for g in groups],
                                         np.asarray([g.rewards for g in groups], np.float32), cfg)
+    b, pack = pack_rows(b, cfg)
     state, m = trainer.train_step(state, b, cfg=cfg)
-    return state, {k: float(v) for k, v in jax.device_get(m).items()}, b
+    return state, dict({k: float(v) for k, v in jax.device_get(m).items()}, **pack), b

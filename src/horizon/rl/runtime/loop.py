@@ -30,8 +30,9 @@ import ml_collections
 import numpy as np
 
 from horizon.data.packing import pack_sequences
+from horizon.parallel import mesh as pmesh
+from horizon.parallel import sharded
 from horizon.rl.maths import batch as rlbatch
-from horizon.rl.maths import trainer
 from horizon.rl.rollout import sampler
 from horizon.rl.runtime import core as runtime
 from horizon.env.families import Family
@@ -100,6 +101,9 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
             c.exp.sft.optim.lr = float(lr)
         s = c.exp.sft
     sc, state = _sft_state(params, c)
+    # the same partitioned LM step as experiments/pretrain.py, on the run's mesh (c.mesh)
+    step_fn, st_sh, _ = sharded.make_lm_train_step(sc, pmesh.mesh_from_config(c), jax.eval_shape(lambda: state))
+    state = jax.device_put(state, st_sh)
     ck = Checkpointer(out / name, every=max(1, int(s.steps)), keep=1)
     got = ck.restore_latest(state)
     if got is not None:
@@ -117,7 +121,6 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
     if packed.num_rows < B:
         raise ValueError(f"{len(rows)} demo rows pack into {packed.num_rows} rows < exp.sft.batch_size={B}")
     rng = np.random.default_rng(int(c.seed))
-    step_fn = lm.jit_train_step(sc)
     print(f"{name}: {len(rows)} demo rows packed into {packed.num_rows} rows of {s.seq_len} tokens "
           f"({packed.lengths.sum() / packed.tokens.size:.0%} full)", flush=True)
     t0 = time.time()
@@ -125,7 +128,7 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
         idx = rng.choice(packed.num_rows, B, replace=False)
         b = dict(tokens=packed.tokens[idx], segment_ids=packed.segment_ids[idx], positions=packed.positions[idx],
                  mask=packed.extras["mask"][idx])
-        state, m = step_fn(state, {k: jnp.asarray(v) for k, v in b.items()})
+        state, m = step_fn(state, b)
         last = i + 1 == int(s.steps)
         probed = probe is not None and probe_every > 0 and ((i + 1) % probe_every == 0 or last)
         if (i + 1) % int(s.log_every) == 0 or last or probed:
@@ -189,7 +192,7 @@ def _sft_state(params, c):
     s = c.exp.sft
     train = ml_collections.ConfigDict(s.optim.to_dict())
     train.steps = int(s.steps)            # the schedule spans this stage (checks.validate_sft: warmup < steps)
-    sc = ml_collections.ConfigDict(dict(model=c.model, train=train))
+    sc = ml_collections.ConfigDict(dict(model=c.model, train=train, mesh=c.mesh))
     opt = lm.optimizer(params, sc)
     return sc, lm.TrainState(jnp.zeros((), jnp.int32), params, opt.init(params), jax.random.PRNGKey(0))
 
@@ -247,14 +250,9 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
     Returns {"evals": {step: eval}, "state": RLState}."""
     steps = int(c.exp.steps)
     sched = runtime.PromptSchedule(c, steps, lag=0)
-    # train_step donates its state: copy, so the caller's `params` (e.g. one SFT checkpoint shared
-    # by several runs, experiments/selfsum.py) stay valid
-    state = trainer.init_state(jax.tree.map(jnp.copy, params), c)
-    ck = Checkpointer(out / "ckpt", every=int(c.rl.checkpoint_every), keep=int(c.rl.max_checkpoints))
+    state, ck, meta = runtime.resume_rl_state(params, c, out / "ckpt")
     start = 0
-    got = ck.restore_latest(state)
-    if got is not None:
-        state, meta = got
+    if meta is not None:
         start = int(meta["step"])
         sched.load_state_dict(meta["schedule"])
         print(f"{tag}RL: resumed at step {start}", flush=True)
@@ -301,6 +299,8 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         print(f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{c.rl.group_size} "
               f"{rec['best_of_k']:.3f} success {rec['success']:.3f} malformed {rec['malformed']:.2f} "
               f"kl {rec.get('kl_k1', 0.0):.2e} gen {rec['gen_tokens_per_s']:.0f} tok/s rollout {t_roll:.1f}s "
+              + (f"pack {rec['pack/imbalance']:.3f} (naive {rec['pack/imbalance_naive']:.3f}) "
+                 if rec["pack/ranks"] > 1 else "") +
               f"train {rec['train_s']:.1f}s ({time.time() - t_start:.0f}s)", flush=True)
         ck.save(step + 1, state, {"step": step + 1, "schedule": sched.state_dict()}, force=step + 1 == steps)
         every = int(c.exp.eval.every) if "eval" in c.exp else 0

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import threading
 import pickle
 import re
 import time
@@ -37,9 +38,10 @@ _GROUP_RE = re.compile(r"group_(\d{8})\.pkl")
 
 
 def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-    """tmp file + fsync + rename: readers see the old file or the new one, never a torn one."""
+    """tmp file + fsync + rename: readers see the old file or the new one, never a torn one (the tmp
+    name is per process and thread: the weight publisher writes from a thread pool)."""
     path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -47,15 +47,15 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
 import re
-import threading
 import time
 import zlib
 from typing import Any, Callable
 
 import numpy as np
+
+from horizon.rl.runtime.storage import atomic_write_bytes
 
 CODECS = ("xor_zlib", "xor_zstd")
 DTYPES = ("bfloat16", "float32")
@@ -157,15 +157,6 @@ def decode_shard(blob: bytes, base: np.ndarray | None, n: int, udtype: np.dtype,
     planes = np.frombuffer(decompress(blob), np.uint8).reshape(item, n)
     x = np.ascontiguousarray(planes.T).reshape(-1).view(udtype)
     return x.copy() if base is None else np.bitwise_xor(x, base)
-
-
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _vname(v: int) -> str:
@@ -281,13 +272,13 @@ class WeightPublisher:
             offset += len(blob)
             chunks.append(blob)
         data = b"".join(chunks)
-        _atomic_write(self.dir / f"{_vname(version)}.bin", data)
+        atomic_write_bytes(self.dir / f"{_vname(version)}.bin", data)
         entry = dict(version=int(version), kind=kind, base=None if full else int(self._base_version),
                      dtype=self.dtype, codec=self.codec, leaves=leaves, file_bytes=len(data),
                      full_bytes=full_bytes, sha256_file=hashlib.sha256(data).hexdigest(),
                      sha256_params=digest, time=time.time())
-        _atomic_write(path_json, json.dumps(entry).encode())   # commit point
-        _atomic_write(self.dir / "LATEST", str(int(version)).encode())
+        atomic_write_bytes(path_json, json.dumps(entry).encode())   # commit point
+        atomic_write_bytes(self.dir / "LATEST", str(int(version)).encode())
         self._base, self._base_version = flat, int(version)
         if full:
             self._last_full = int(version)
@@ -309,7 +300,7 @@ class WeightPublisher:
                 entries.pop(v)
         summary = [dict(version=v, kind=e["kind"], base=e["base"], sha256_params=e["sha256_params"],
                         file_bytes=e["file_bytes"], full_bytes=e["full_bytes"]) for v, e in sorted(entries.items())]
-        _atomic_write(self.dir / "manifest.json", json.dumps(summary, indent=1).encode())
+        atomic_write_bytes(self.dir / "manifest.json", json.dumps(summary, indent=1).encode())
 
     def close(self) -> None:
         if self._pool is not None:

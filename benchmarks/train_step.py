@@ -16,6 +16,11 @@ vocab 32768), scaled to CPU with flags: `--layers` (default 2 = 1 dense + 1 MoE 
 batch * seq input tokens per step; one run, `--warmup` steps excluded (includes XLA compile), the
 median of `--steps` timed steps is reported.
 
+FLOPs: the compiled step's `cost_analysis()` FLOPs against the analytic count
+(`horizon.model.params.train_step_flops`: 6 x active non-embedding params x tokens + attention + LM
+head), and the achieved useful FLOP/s (analytic / step time) of both sides as a fraction of this
+machine's float32 matmul peak, measured in the same run (`--peak-n`: a jitted n x n x n matmul).
+
     .venv/bin/python benchmarks/train_step.py [--layers 2 --seq 128 --batch 4 --steps 5 --warmup 2]
 """
 
@@ -38,19 +43,49 @@ import numpy as np  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from horizon.model import hf_import  # noqa: E402
+from horizon.model import grouped, hf_import, params  # noqa: E402
 from horizon.train import lm, optim  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
 
-def make_config(args):
+def small_config(layers: int):
+    """configs/small.py with `layers` layers (first dense), float32: the CPU benchmark model
+    (benchmarks/sampling.py uses it too)."""
     cfg = load_config_file(ROOT / "configs" / "small.py")
     m = cfg.model
-    m.num_layers = args.layers
-    m.first_k_dense = min(m.first_k_dense, args.layers)
+    m.num_layers = layers
+    m.first_k_dense = min(m.first_k_dense, layers)
     m.dtype = m.param_dtype = "float32"
+    return cfg
+
+
+def make_config(args):
+    cfg = small_config(args.layers)
     cfg.data.seq_len, cfg.data.batch_size = args.seq, args.batch
     return cfg
+
+
+def matmul_peak(n: int, reps: int = 5) -> float:
+    """This machine's float32 matmul FLOP/s in JAX: the best of `reps` timed n x n x n products."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def compiled_flops(cfg, tokens: np.ndarray, args) -> float:
+    """`cost_analysis()` FLOPs of the jitted train step for these shapes (what XLA really runs)."""
+    state = jax.eval_shape(lambda: lm.init_state(jax.random.PRNGKey(args.seed), cfg))
+    b, s = tokens.shape
+    i32 = jax.ShapeDtypeStruct((b, s), jnp.int32)
+    batch = {"tokens": i32, "segment_ids": i32, "positions": i32, "mask": i32}
+    with grouped.count_flops():       # the expert tile loops counted tile by tile (cost_analysis counts a loop once)
+        return float(lm.jit_train_step(cfg).lower(state, batch).compile().cost_analysis()["flops"])
 
 
 def bench_horizon(cfg, tokens: np.ndarray, args):
@@ -113,6 +148,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--peak-n", type=int, default=2048, help="matmul size of the float32 peak measurement")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         ap.error("--steps and --warmup must be >= 1 (warmup absorbs compilation)")
@@ -126,15 +162,23 @@ def main(argv=None):
           f"experts={m.num_experts} top-{m.num_experts_per_tok}, "
           f"vocab={m.vocab_size}, float32; devices={jax.devices()}")
 
+    peak = matmul_peak(args.peak_n)
+    ana = params.train_step_flops(cfg, args.batch, args.seq)
+    comp = compiled_flops(cfg, tokens, args)
+    print(f"float32 matmul peak ({args.peak_n}^3 in JAX): {peak / 1e9:.1f} GFLOP/s")
+    print(f"FLOPs per step: compiled {comp:.3g} vs analytic {ana['total']:.3g} = {comp / ana['total']:.2f}x "
+          f"(analytic: matmul {ana['matmul']:.3g}, attention {ana['attention']:.3g}, lm_head {ana['lm_head']:.3g})")
     params0, jt, jl = bench_horizon(cfg, tokens, args)
     j_med = statistics.median(jt)
     print(f"horizon JAX : median step {j_med * 1e3:8.1f} ms  -> {ntok / j_med:9.1f} tokens/s  "
+          f"{ana['total'] / j_med / 1e9:6.1f} useful GFLOP/s = {ana['total'] / j_med / peak:.0%} of peak  "
           f"(steps {['%.0f' % (x * 1e3) for x in jt]} ms; loss {jl[0]:.4f} -> {jl[-1]:.4f})")
     if args.skip_hf:
         return
     ht, hl, impl, threads = bench_hf(cfg, params0, tokens, args)
     h_med = statistics.median(ht)
     print(f"HF PyTorch  : median step {h_med * 1e3:8.1f} ms  -> {ntok / h_med:9.1f} tokens/s  "
+          f"{ana['total'] / h_med / 1e9:6.1f} useful GFLOP/s = {ana['total'] / h_med / peak:.0%} of peak  "
           f"(steps {['%.0f' % (x * 1e3) for x in ht]} ms; loss {hl[0]:.4f} -> {hl[-1]:.4f}; {impl}; "
           f"torch threads {threads})")
     print(f"ratio horizon/HF tokens/s: {h_med / j_med:.2f}x   "

@@ -118,7 +118,7 @@ def is_supported(a: Any, b: Any) -> bool:
 
 
 def blockscaled_matmul(a: Any, b: Any, *, out_dtype: Any = jnp.float32) -> jax.Array:
-    """Hook for `horizon.quant.matmul._pallas_impl` (call only when `is_supported`)."""
+    """Kernel route of `horizon.quant.matmul` (`KERNELS`; call only when `is_supported`)."""
     return blockscaled_matmul_pallas(a, b, out_dtype=out_dtype)
 
 
@@ -142,5 +142,11 @@ def grouped_blockscaled_matmul_pallas(a: Any, b: Any, group_sizes: Any, *, out_d
 
 
 def grouped_blockscaled_matmul(a: Any, b: Any, group_sizes: Any, *, out_dtype: Any = jnp.float32) -> jax.Array:
-    """Hook for `horizon.quant.matmul._pallas_impl`'s grouped route (call only when `is_supported`)."""
+    """Grouped kernel route of `horizon.quant.matmul` (`KERNELS`; call only when `is_supported`)."""
     return grouped_blockscaled_matmul_pallas(a, b, group_sizes, out_dtype=out_dtype)
+
+
+# What this package registers with horizon.quant (setup.cfg entry point `horizon.quant_kernels`:
+# `horizon.quant.matmul.kernel_impl` loads it; horizon.quant never imports pallas_kernels).
+KERNELS = dict(blockscaled_matmul=blockscaled_matmul, grouped_blockscaled_matmul=grouped_blockscaled_matmul,
+               is_supported=is_supported)

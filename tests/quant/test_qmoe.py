@@ -153,3 +153,29 @@ def test_errors():
         qmoe.quantized_ragged_dot(x[:, :48], ws[0][:, :48], GS, precision="mxfp8")
     with pytest.raises(ValueError, match="group_sizes"):
         qmoe.quantized_ragged_dot(x, ws[0], GS[:1], precision="mxfp8")
+
+
+def test_a_broken_kernel_package_fails_loudly(monkeypatch):
+    """The kernel dispatcher loads the `horizon.quant_kernels` entry point; a package that is
+    registered but broken raises instead of silently falling back to the reference (issue 20)."""
+    import importlib.metadata
+
+    from horizon.quant import matmul as M
+
+    class Broken:
+        value = "broken_kernels:KERNELS"
+
+        def load(self):
+            raise ImportError("broken_kernels: no module named mosaic")
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()] if group == M.KERNELS_GROUP else [])
+    M.kernel_impl.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="broken_kernels"):
+            M.kernel_impl()
+        monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+        M.kernel_impl.cache_clear()
+        assert M.kernel_impl() is None          # nothing registered: the reference, quietly
+    finally:
+        monkeypatch.undo()
+        M.kernel_impl.cache_clear()

@@ -13,8 +13,9 @@ Routing for a token with hidden ``x`` (router math in float32, as HF)::
     y = sum_{i in I} g_i * SwiGLU_i(x) + SwiGLU_shared(x)
 
 Expert compute is a grouped GEMM: the ``T*k`` (token, expert) assignments are sorted by expert
-(`argsort`), ``group_sizes = bincount(expert)``, and each of the three expert GEMMs is one
-`jax.lax.ragged_dot` through `expert_matmul` (the hook for low-precision recipes, SPEC §3). Outputs are
+(`argsort`), ``group_sizes = bincount(expert)``, and each of the three expert GEMMs is one grouped
+GEMM (`horizon.model.grouped`: `ragged_dot` semantics, FLOPs proportional to the routed rows) through
+`expert_matmul` (the hook for low-precision recipes, SPEC §3). Outputs are
 weighted by ``g`` and scatter-added back to their tokens.
 
 Aux-loss-free balancing (DeepSeek-V3 §2.1.2): after a step, `update_router_bias` moves each layer's
@@ -38,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.model import layers
+from horizon.model import grouped, layers
 
 PRECISIONS_IMPLEMENTED = ("bf16", "default")
 PRECISIONS_PLANNED = ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd")
@@ -92,13 +93,14 @@ def expert_matmul(
 ) -> Float[Array, "m n"]:
     """Grouped GEMM over expert-sorted rows: rows ``[sum(gs[:e]), sum(gs[:e+1]))`` use ``w[e]``.
 
-    ``precision`` selects the recipe (SPEC §3): "bf16"/"default" is plain `ragged_dot` in the compute
-    dtype; the block-scaled recipes ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd") go through
+    ``precision`` selects the recipe (SPEC §3): "bf16"/"default" is the grouped GEMM
+    (`horizon.model.grouped.grouped_matmul`, `ragged_dot` semantics at the routed rows' FLOPs) in the
+    compute dtype; the block-scaled recipes ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd") go through
     `horizon.quant.qmoe.quantized_ragged_dot` (custom VJP: quantized forward, MXFP8 backward).
     ``division``/``approx_bits`` select IEEE vs approximate-reciprocal scale division (ablation).
     """
     if precision in PRECISIONS_IMPLEMENTED:
-        return jax.lax.ragged_dot(x, w.astype(x.dtype), group_sizes.astype(jnp.int32))
+        return grouped.grouped_matmul(x, w.astype(x.dtype), group_sizes)
     if precision in PRECISIONS_PLANNED:
         from horizon.quant.qmoe import quantized_ragged_dot  # lazy: quant is optional on the bf16 path
 
@@ -170,7 +172,7 @@ def route(
 def routed_experts(
     p: dict, x: Float[Array, "tokens embed"], weights: Float[Array, "tokens k"], idx: Int[Array, "tokens k"], *, cfg
 ) -> Float[Array, "tokens embed"]:
-    """Sum of gate-weighted expert SwiGLUs via sorted tokens + ragged_dot (no dense expert loop)."""
+    """Sum of gate-weighted expert SwiGLUs via sorted tokens + the grouped GEMM (no dense expert loop)."""
     T, k = idx.shape
     E = cfg.num_experts
     flat = idx.reshape(-1)

@@ -54,3 +54,31 @@ def numpy_init(cfg, seed: int) -> dict:
 
     return jax.tree_util.tree_map_with_path(leaf, shapes)
 
+
+
+def train_step_flops(cfg, batch: int, seq: int) -> dict:
+    """Analytic FLOPs of one LM train step (forward + backward = 3x forward) on ``batch x seq`` tokens
+    (SPEC §1; the yardstick for `compiled.cost_analysis()`):
+
+    * ``matmul``: 6 x active non-embedding, non-LM-head params x tokens (every weight matmul a token
+      touches: attention projections, dense MLPs, router, shared and the k routed experts, MTP);
+    * ``attention``: 6 x layers x heads x (qk_head_dim + v_head_dim) x batch x seq^2 (scores and
+      P.V over the full ``seq x seq`` block the training attention computes; the causal mask is
+      applied, not skipped);
+    * ``lm_head``: 6 x tokens x d_model x vocab.
+
+    Returns the three terms, their ``total`` and ``tokens``."""
+    c = transformer.model_cfg(cfg)
+    tokens = int(batch) * int(seq)
+    counts = count_params(c)
+    D, V = int(c.d_model), int(c.vocab_size)
+    emb = V * D                                        # the input table (a lookup, no FLOPs)
+    head = 0 if c.tie_embeddings else V * D            # an untied output matrix (counted as lm_head)
+    body = counts["active"] - emb - head
+    qk = int(c.qk_nope_head_dim) + int(c.qk_rope_head_dim)
+    out = dict(matmul=6.0 * body * tokens,
+               attention=6.0 * int(c.num_layers) * int(c.num_heads) * (qk + int(c.v_head_dim)) * int(batch) * int(seq) ** 2,
+               lm_head=6.0 * tokens * D * V)
+    out["total"] = sum(out.values())
+    out["tokens"] = tokens
+    return out

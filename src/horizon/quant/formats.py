@@ -105,7 +105,8 @@ class NVFP4Tensor(NamedTuple):
         return self.values.shape[-1] // self.block_scales.shape[-1]
 
 
-def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Refuse a format option outside `allowed` (one-line ValueError naming it)."""
     if value not in allowed:
         raise ValueError(f"{name}={value!r}; expected one of {allowed}")
 
@@ -130,7 +131,7 @@ def _pow2(e: Array) -> Array:
 
 def mx_shared_exponent(amax: Float[Array, "..."], *, scale_rule: str = "rceil") -> Array:
     """Unbiased E8M0 exponent (int32, clamped to [-127, 127]) for block amaxes (finite, >= 0)."""
-    _check("scale_rule", scale_rule, SCALE_RULES)
+    check_choice("scale_rule", scale_rule, SCALE_RULES)
     bits = _f32_bits(amax)
     field = ((bits >> 23) & 0xFF).astype(jnp.int32)  # 0 for zero / subnormal: floor(log2) <= -127
     e = field - 127 - E4M3_EMAX
@@ -212,9 +213,9 @@ def quantize_nvfp4(
     approx_bits: int = APPROX_RCP_MANTISSA_BITS,
 ) -> NVFP4Tensor:
     """NVFP4 quantization along the last axis (SPEC §3; rules in the module docstring)."""
-    _check("scaling", scaling, SCALINGS)
-    _check("division", division, DIVISIONS)
-    _check("rounding", rounding, ROUNDINGS)
+    check_choice("scaling", scaling, SCALINGS)
+    check_choice("division", division, DIVISIONS)
+    check_choice("rounding", rounding, ROUNDINGS)
     if rounding == "stochastic" and key is None:
         raise ValueError("rounding='stochastic' needs an explicit PRNG key")
     xb = _blocks(x, block_size)  # [..., nb, B]

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from horizon.model.grouped import grouped_matmul
 from horizon.quant.formats import MXTensor, NVFP4Tensor
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -96,7 +97,8 @@ def group_ids(group_sizes: Int[Array, " g"], rows: int) -> Int[Array, " t"]:
 def grouped_blockscaled_matmul_reference(
     a, b, group_sizes: Int[Array, " g"], *, out_dtype=jnp.float32
 ) -> Float[Array, "t n"]:
-    """Reference grouped GEMM: rows of group g use ``b[g]`` (dequantize, f32 `ragged_dot`, epilogue)."""
+    """Reference grouped GEMM: rows of group g use ``b[g]`` (dequantize, f32 grouped GEMM
+    `horizon.model.grouped.grouped_matmul` with `ragged_dot` semantics, epilogue)."""
     _check_pair(a, b)
     if a.values.ndim != 2 or b.values.ndim != 3:
         raise ValueError(f"expected a [T, K] and b [G, N, K], got {a.values.shape} and {b.values.shape}")
@@ -105,9 +107,9 @@ def grouped_blockscaled_matmul_reference(
         raise ValueError(f"group_sizes shape {group_sizes.shape} != ({G},)")
     va, sa, ga = _parts(a)
     vb, sb, gb = _parts(b)
-    rhs = _block_dequant(vb, sb).transpose(0, 2, 1)  # [G, K, N] as ragged_dot wants
-    out = jax.lax.ragged_dot(_block_dequant(va, sa), rhs, group_sizes.astype(jnp.int32),
-                             precision=HIGHEST, preferred_element_type=jnp.float32)
+    rhs = _block_dequant(vb, sb).transpose(0, 2, 1)  # [G, K, N]
+    out = grouped_matmul(_block_dequant(va, sa).astype(jnp.float32), rhs.astype(jnp.float32), group_sizes,
+                         precision=HIGHEST)
     if ga is not None:
         out = out * (ga if ga.ndim == 0 else ga.reshape(-1, 1))
         if gb.ndim == 0:
@@ -119,25 +121,35 @@ def grouped_blockscaled_matmul_reference(
 
 
 # ----------------------------------------------------------------------------------------------
-# Dispatcher. KERNELS HOOK: `_pallas_impl()` is where pallas_kernels plugs in (KERNELS helper).
+# Dispatcher. Kernel packages plug in through the `horizon.quant_kernels` entry-point group
+# (setup.cfg: pallas_kernels registers `pallas_kernels.dispatch:KERNELS`): horizon.quant never
+# imports them, so there is no import cycle and a CPU install needs no kernel package.
 # ----------------------------------------------------------------------------------------------
+KERNELS_GROUP = "horizon.quant_kernels"
 
 
 @functools.cache
-def _pallas_impl():
-    """KERNELS HOOK: return ``(matmul_fn, grouped_fn, supported_fn)`` from pallas_kernels, or None.
+def kernel_impl() -> tuple | None:
+    """``(matmul_fn, grouped_fn, supported_fn)`` of the registered kernel package, or None when none
+    is installed. A registered package that fails to import or lacks a function raises: a broken
+    kernel module fails loudly instead of silently falling back to the reference.
 
-    Imported lazily so horizon.quant never needs pallas_kernels (or a GPU). Expected (to be wired by
-    the KERNELS helper): ``pallas_kernels.blockscaled_matmul(a, b, *, out_dtype)``,
-    ``pallas_kernels.grouped_blockscaled_matmul(a, b, group_sizes, *, out_dtype)`` and
-    ``pallas_kernels.is_supported(a, b) -> bool`` (a supported GPU and operand format).
-    """
-    try:
-        import pallas_kernels as pk  # noqa: PLC0415
-    except Exception:  # noqa: BLE001 -- any import failure means "no kernels"
+    The entry point names a dict with ``blockscaled_matmul(a, b, *, out_dtype)``,
+    ``grouped_blockscaled_matmul(a, b, group_sizes, *, out_dtype)`` and ``is_supported(a, b) -> bool``
+    (a supported GPU and operand format)."""
+    from importlib.metadata import entry_points  # noqa: PLC0415
+
+    eps = list(entry_points(group=KERNELS_GROUP))
+    if not eps:
         return None
-    fns = tuple(getattr(pk, n, None) for n in ("blockscaled_matmul", "grouped_blockscaled_matmul", "is_supported"))
-    return fns if all(f is not None for f in fns) else None
+    if len(eps) > 1:
+        raise RuntimeError(f"several {KERNELS_GROUP} entry points installed: {[e.value for e in eps]}")
+    fns = eps[0].load()
+    names = ("blockscaled_matmul", "grouped_blockscaled_matmul", "is_supported")
+    missing = [n for n in names if not callable(fns.get(n))]
+    if missing:
+        raise RuntimeError(f"kernel entry point {eps[0].value} lacks {missing}")
+    return tuple(fns[n] for n in names)
 
 
 @functools.cache
@@ -151,7 +163,7 @@ def _route(impl: str, a, b) -> tuple | None:
         raise ValueError(f"impl={impl!r}; expected one of {IMPLS}")
     if impl == "reference":
         return None
-    fns = _pallas_impl()
+    fns = kernel_impl()
     if fns is None:
         if impl == "pallas":
             _warn_fallback("pallas_kernels does not provide the kernels")

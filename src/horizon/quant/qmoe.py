@@ -4,7 +4,8 @@
 ``jax.lax.ragged_dot(x, w, group_sizes)`` (rows sorted by group; rows past ``sum(group_sizes)`` give 0).
 
 Precisions (every quantizer is straight-through: the backward treats it as the identity):
-  * ``"bf16"``: no quantization (plain `ragged_dot` in x's dtype; autodiff backward).
+  * ``"bf16"``: no quantization (the grouped GEMM `horizon.model.grouped.grouped_matmul` in x's dtype;
+    autodiff backward).
   * ``"mxfp8"``: forward MXFP8 (x along K; w along K, per expert), backward MXFP8.
   * ``"nvfp4"``: forward NVFP4 with PER-TENSOR f32 scales (the original recipe's scaling: one scale for
     x, one for the stacked w), backward MXFP8. Only the forward scaling differs from the report's
@@ -23,7 +24,8 @@ forward's quantized copies) along THAT GEMM's own contraction axis, rule ``scale
     padded layout: every group's rows are moved to a start that is a multiple of 32 (static length
     ``round_up(T + G * 31, 32)``, zero padding), so each 32-token scale block lies inside one group
     and padding never enters a block amax; x.T [K, Tpad] and dy.T [N, Tpad] are quantized along
-    tokens and contracted group by group with `jax.lax.ragged_dot_general` (ragged contraction).
+    tokens and contracted group by group (`horizon.model.grouped.grouped_wgrad`: per-tile
+    ``x_tile^T dy_tile`` summed per group, FLOPs proportional to the tokens).
   Note: a wgrad block mixes 32 consecutive tokens of one expert, so its scale sees neighbouring
   tokens (unavoidable for a contraction over tokens; dw is a sum over tokens anyway).
 Requirements: K % 32 == 0 (MXFP8) or K % 16 == 0 (NVFP4) and N % 32 == 0 (dgrad). Outputs keep x's
@@ -44,6 +46,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from horizon.model.grouped import grouped_matmul, grouped_wgrad
 from horizon.quant import formats
 from horizon.quant.matmul import HIGHEST, group_ids, grouped_blockscaled_matmul
 
@@ -121,10 +124,7 @@ def mxfp8_backward(x, w, group_sizes, dy, *, scale_rule: str = "rceil", impl: st
     _record("wgrad_dy", q_dyt)
     lhs = formats.dequantize_mxfp8(q_xt)
     rhs = formats.dequantize_mxfp8(q_dyt)
-    dn = jax.lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=(((1,), (1,)), ((), ())), lhs_ragged_dimensions=[1], rhs_group_dimensions=[])
-    dw = jax.lax.ragged_dot_general(lhs, rhs, padded, dn, precision=HIGHEST,
-                                    preferred_element_type=jnp.float32)  # [G, K, N]
+    dw = grouped_wgrad(lhs.T, rhs.T, padded, precision=HIGHEST)  # [G, K, N]
     return dx, dw
 
 
@@ -166,11 +166,11 @@ def quantized_ragged_dot(
     if group_sizes.shape != (w.shape[0],):
         raise ValueError(f"group_sizes shape {group_sizes.shape} != ({w.shape[0]},)")
     if precision == "bf16":
-        return jax.lax.ragged_dot(x, w.astype(x.dtype), group_sizes.astype(jnp.int32))
+        return grouped_matmul(x, w.astype(x.dtype), group_sizes)
     K, N = w.shape[1], w.shape[2]
     kb = formats.MX_BLOCK if _FWD[precision][0] == "mxfp8" else formats.NVFP4_BLOCK
     if K % kb or N % formats.MX_BLOCK:
         raise ValueError(f"{precision}: K={K} must be a multiple of {kb} and N={N} of {formats.MX_BLOCK}")
-    formats._check("division", division, formats.DIVISIONS)
-    formats._check("scale_rule", scale_rule, formats.SCALE_RULES)
+    formats.check_choice("division", division, formats.DIVISIONS)
+    formats.check_choice("scale_rule", scale_rule, formats.SCALE_RULES)
     return _qrd(x, w, group_sizes.astype(jnp.int32), precision, division, scale_rule, int(approx_bits), impl)

@@ -110,15 +110,22 @@ def sample_from_logits(
     logits = logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, axis=-1)
     temperature = jnp.asarray(temperature, jnp.float32)
-    scaled = logits / jnp.maximum(temperature, 1e-6)
-    srt = jnp.sort(scaled, axis=-1)[:, ::-1]
-    probs = jax.nn.softmax(srt, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    n_keep = jnp.sum(mass_before < top_p, axis=-1)  # >= 1 since mass_before[:, 0] = 0
-    thresh = jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)
-    scaled = jnp.where(scaled >= thresh, scaled, -jnp.inf)
-    sampled = jax.random.categorical(key, scaled, axis=-1)
-    tok = jnp.where(temperature <= 0, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    top_p = jnp.asarray(top_p, jnp.float32)
+
+    def nucleus(scaled):            # a full-vocab sort: only run when top_p < 1 (lax.cond runs one branch)
+        srt = jnp.sort(scaled, axis=-1)[:, ::-1]
+        probs = jax.nn.softmax(srt, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        n_keep = jnp.sum(mass_before < top_p, axis=-1)  # >= 1 since mass_before[:, 0] = 0
+        thresh = jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)
+        return jnp.where(scaled >= thresh, scaled, -jnp.inf)
+
+    def sample(_):
+        scaled = logits / jnp.maximum(temperature, 1e-6)
+        scaled = jax.lax.cond(top_p < 1.0, nucleus, lambda z: z, scaled)
+        return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+
+    tok = jax.lax.cond(temperature <= 0, lambda _: jnp.argmax(logits, axis=-1).astype(jnp.int32), sample, None)
     return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
 

@@ -1,0 +1,98 @@
+"""Sampling throughput: horizon's `sampler.generate` (jitted prefill + decode steps on the MLA latent
+cache) vs Hugging Face `generate` (PyTorch eager, DeepseekV3, its KV cache), same weights (SPEC §1, §4).
+
+Both sides decode greedily exactly `--new` tokens for `--batch` prompts of `--prompt` random tokens
+(no stop token), on configs/small.py scaled like benchmarks/train_step.py (`--layers`, default 2 = 1
+dense + 1 MoE), float32. horizon's weights are exported with `hf_import.export_hf_checkpoint` and
+loaded with `from_pretrained`. Tokens/s = batch * new tokens / wall time of one call; `--warmup`
+calls excluded (they include XLA compiles), the median of `--reps` calls reported, and the
+fraction of greedy tokens on which the two agree (float32 argmax ties aside they should all agree).
+
+    .venv/bin/python benchmarks/sampling.py [--layers 2 --batch 16 --prompt 64 --new 64 --reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+from train_step import small_config  # same directory: the benchmark model (sets JAX on CPU, sys.path)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from horizon.model import hf_import, transformer  # noqa: E402
+from horizon.rl.rollout import sampler  # noqa: E402
+
+
+def timed(fn, warmup: int, reps: int):
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return out, times
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args(argv)
+    if args.reps < 1 or args.warmup < 1 or min(args.batch, args.prompt, args.new) < 1:
+        ap.error("--reps, --warmup, --batch, --prompt and --new must be >= 1 (warmup absorbs compilation)")
+    cfg = small_config(args.layers)
+    m = cfg.model
+    params = transformer.init(jax.random.PRNGKey(args.seed), m)
+    prompts = np.random.default_rng(args.seed).integers(0, m.vocab_size, (args.batch, args.prompt)).astype(np.int32)
+    ntok = args.batch * args.new
+    print(f"config: configs/small.py with num_layers={m.num_layers}, experts={m.num_experts} top-{m.num_experts_per_tok}, "
+          f"vocab={m.vocab_size}, float32; batch {args.batch} x prompt {args.prompt} + {args.new} new tokens, greedy")
+
+    def run_horizon():
+        return sampler.generate(params, list(prompts), jax.random.PRNGKey(1), cfg=cfg, max_new_tokens=args.new,
+                                temperature=0.0, stop_tokens=(), min_batch_bucket=args.batch,
+                                min_prompt_bucket=args.prompt, min_new_bucket=args.new)
+
+    out, jt = timed(run_horizon, args.warmup, args.reps)
+    j_med = statistics.median(jt)
+    print(f"horizon generate: median {j_med * 1e3:8.1f} ms -> {ntok / j_med:8.1f} tokens/s "
+          f"(calls {['%.0f' % (x * 1e3) for x in jt]} ms)")
+    if args.skip_hf:
+        return
+    import torch
+    import transformers
+
+    torch.manual_seed(args.seed)
+    with tempfile.TemporaryDirectory() as d:
+        hf_import.export_hf_checkpoint(params, m, d)
+        model = transformers.DeepseekV3ForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.eval()
+    ids = torch.from_numpy(prompts).long()
+
+    def run_hf():
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
+                                  min_new_tokens=args.new, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    hout, ht = timed(run_hf, args.warmup, args.reps)
+    h_med = statistics.median(ht)
+    hf_new = hout[:, args.prompt:].numpy()
+    agree = float(np.mean(np.stack(out.tokens) == hf_new))
+    print(f"HF generate     : median {h_med * 1e3:8.1f} ms -> {ntok / h_med:8.1f} tokens/s "
+          f"(calls {['%.0f' % (x * 1e3) for x in ht]} ms; torch threads {torch.get_num_threads()})")
+    print(f"ratio horizon/HF tokens/s: {h_med / j_med:.2f}x   (greedy tokens identical: {agree:.1%})")
+
+
+if __name__ == "__main__":
+    main()

@@ -137,12 +137,12 @@ def _tile_wgrad(xt, dyt, tile_group, G: int, *, precision, out_dtype):
         cur = jax.lax.dynamic_index_in_dim(dw, gg, keepdims=False)
         return jax.lax.dynamic_update_index_in_dim(dw, cur + jnp.where(g < G, upd, jnp.zeros_like(upd)), gg, 0), None
 
-    # zeros typed like the inputs (inside shard_map they vary over the manual axes; the carry must too)
-    z = jnp.zeros_like(xt[0, 0, 0], dtype=out_dtype) + jnp.zeros_like(dyt[0, 0, 0], dtype=out_dtype)
-    dw = jnp.broadcast_to(z, (G, xt.shape[-1], dyt.shape[-1]))
     if _UNROLL[-1]:                 # count_flops: the same tile products as one batched product
         per_tile = jnp.einsum("tbk,tbn->tkn", xt, dyt, precision=precision, preferred_element_type=out_dtype)
         return jax.ops.segment_sum(per_tile, tile_group, num_segments=G, indices_are_sorted=True)
+    # zeros typed like the inputs (inside shard_map they vary over the manual axes; the carry must too)
+    z = jnp.zeros_like(xt[0, 0, 0], dtype=out_dtype) + jnp.zeros_like(dyt[0, 0, 0], dtype=out_dtype)
+    dw = jnp.broadcast_to(z, (G, xt.shape[-1], dyt.shape[-1]))
     return jax.lax.scan(body, dw, (xt, dyt, tile_group))[0]
 
 

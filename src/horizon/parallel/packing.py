@@ -250,13 +250,10 @@ def balanced_row_order(lengths: np.ndarray, n_ranks: int, cost_model: CostModel,
         else:
             order = rank_order(balance(row_lens, n_ranks, cost_model, method=method, equal_count=True))
         orders.append(order)
-        for acc, c in (("new", cost[order]), ("old", cost)):
-            loads = c.reshape(n_ranks, -1).sum(axis=1)
-            if acc == "new":
-                new_max += loads.max()
-                mean += loads.mean()
-            else:
-                old_max += loads.max()
+        new_loads = cost[order].reshape(n_ranks, -1).sum(axis=1)     # contiguous blocks = ranks
+        new_max += new_loads.max()
+        mean += new_loads.mean()                                      # the same in either order
+        old_max += cost.reshape(n_ranks, -1).sum(axis=1).max()
     stats = dict(imbalance=new_max / mean if mean > 0 else 1.0, imbalance_naive=old_max / mean if mean > 0 else 1.0,
                  ranks=n_ranks)
     return np.stack(orders).reshape(lens.shape), stats

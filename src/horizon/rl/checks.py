@@ -89,10 +89,7 @@ def validate_rl_mesh(c) -> None:
     micro-batches, SFT rows; sampler batches are bucketed to at least it), sequences that split
     for CP, and the packing method / cost model."""
     pmesh.validate_mesh(c, power_of_two_ranks=True)
-    sizes = pmesh.mesh_sizes(c.mesh)
-    nb, cp = 1, sizes[pmesh.SEQ_AXIS]
-    for a in pmesh.BATCH_AXES:
-        nb *= sizes[a]
+    nb, cp = pmesh.data_ranks(c), pmesh.mesh_sizes(c.mesh)[pmesh.SEQ_AXIS]
     b = c.rl.batch
     need(int(b.min_rows) >= nb, "rl.batch.min_rows", b.min_rows, f"must be >= the mesh's {nb} data-parallel ranks")
     micro = int(b.get("micro_rows", 0) or 0)

@@ -16,6 +16,8 @@ from horizon.sandbox.base import (
     Sandbox,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxInfraError,
+    SandboxResourceError,
 )
 from horizon.sandbox.factory import BACKENDS, docker_available, open_sandbox
 from horizon.sandbox.local import LocalSandbox
@@ -23,7 +25,7 @@ from horizon.sandbox.local import LocalSandbox
 __all__ = [
     "BACKENDS", "DEFAULT_BASE_IMAGE", "PROJECT_LABEL", "TRUNCATION_MARKER", "WORKSPACE",
     "DockerSandbox", "ExecResult", "LocalSandbox", "Sandbox", "SandboxError",
-    "SandboxFileNotFoundError", "cleanup_leaked", "docker_available", "open_sandbox",
+    "SandboxFileNotFoundError", "SandboxInfraError", "SandboxResourceError", "cleanup_leaked", "docker_available", "open_sandbox",
 ]
 
 

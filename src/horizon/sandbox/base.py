@@ -28,6 +28,18 @@ class SandboxError(RuntimeError):
     """A sandbox operation failed (dead container, missing file, engine error)."""
 
 
+class SandboxInfraError(SandboxError):
+    """The sandbox or the engine failed (dead / removed / unusable container, engine error or
+    timeout): infrastructure, never the policy's doing (SPEC §4 "infrastructure is not the
+    policy"). Tools and the verifier let it propagate; the episode ends with reason "infra" and
+    its group is retried on a fresh sandbox, never trained on (`horizon.env.rollouts`)."""
+
+
+class SandboxResourceError(SandboxError):
+    """The policy's commands exceeded a per-sandbox budget (e.g. the disk budget watchdog):
+    the policy's doing, so the episode ends with reason "resource" and is trained on (reward 0)."""
+
+
 class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     """`read_file` on a path that does not exist in the sandbox (catch either base)."""
 

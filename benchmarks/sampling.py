@@ -47,6 +47,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sync-tokens", type=int, nargs="+", default=[1, 16],
+                    help="decode steps per host sync (`generate(sync_tokens=)`); each value is timed, the last "
+                         "is compared with HF (configs/rl_tiny.py's rl.sampler.sync_tokens is 16)")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args(argv)
     if args.reps < 1 or args.warmup < 1 or min(args.batch, args.prompt, args.new) < 1:
@@ -59,15 +62,20 @@ def main(argv=None):
     print(f"config: configs/small.py with num_layers={m.num_layers}, experts={m.num_experts} top-{m.num_experts_per_tok}, "
           f"vocab={m.vocab_size}, float32; batch {args.batch} x prompt {args.prompt} + {args.new} new tokens, greedy")
 
-    def run_horizon():
+    def run_horizon(sync):
         return sampler.generate(params, list(prompts), jax.random.PRNGKey(1), cfg=cfg, max_new_tokens=args.new,
                                 temperature=0.0, stop_tokens=(), min_batch_bucket=args.batch,
-                                min_prompt_bucket=args.prompt, min_new_bucket=args.new)
+                                min_prompt_bucket=args.prompt, min_new_bucket=args.new, sync_tokens=sync)
 
-    out, jt = timed(run_horizon, args.warmup, args.reps)
-    j_med = statistics.median(jt)
-    print(f"horizon generate: median {j_med * 1e3:8.1f} ms -> {ntok / j_med:8.1f} tokens/s "
-          f"(calls {['%.0f' % (x * 1e3) for x in jt]} ms)")
+    outs = {}
+    for sync in args.sync_tokens:
+        outs[sync], jt = timed(lambda s=sync: run_horizon(s), args.warmup, args.reps)
+        j_med = statistics.median(jt)
+        print(f"horizon generate (sync every {sync:3d} tokens): median {j_med * 1e3:8.1f} ms -> "
+              f"{ntok / j_med:8.1f} tokens/s (calls {['%.0f' % (x * 1e3) for x in jt]} ms)")
+    out = outs[args.sync_tokens[-1]]
+    same = all(np.array_equal(np.stack(o.tokens), np.stack(out.tokens)) for o in outs.values())
+    print(f"tokens identical across sync_tokens values: {same}")
     if args.skip_hf:
         return
     import torch
@@ -89,7 +97,7 @@ def main(argv=None):
     h_med = statistics.median(ht)
     hf_new = hout[:, args.prompt:].numpy()
     agree = float(np.mean(np.stack(out.tokens) == hf_new))
-    print(f"HF generate     : median {h_med * 1e3:8.1f} ms -> {ntok / h_med:8.1f} tokens/s "
+    print(f"HF generate                          : median {h_med * 1e3:8.1f} ms -> {ntok / h_med:8.1f} tokens/s "
           f"(calls {['%.0f' % (x * 1e3) for x in ht]} ms; torch threads {torch.get_num_threads()})")
     print(f"ratio horizon/HF tokens/s: {h_med / j_med:.2f}x   (greedy tokens identical: {agree:.1%})")
 

@@ -98,6 +98,8 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         chunk_tokens=16,          # decode steps between weight polls (in-flight updates, SPEC §4.1; with
         #                           weights that do not change, any value gives the same samples)
         kv_mode="keep",           # at a weight switch: "keep" the old KV cache | "recompute" the prefill
+        sync_tokens=16,           # decode steps per device chunk / host sync (without in-flight polling;
+        #                           with it, chunk_tokens); benchmarks/sampling.py measures the trade-off
     ))
     # --- batch layout (horizon.rl.maths.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(
@@ -117,6 +119,11 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
     r.optim = ml_collections.ConfigDict(dict(
         steps=1000, lr=1e-5, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
+    ))
+    # --- infrastructure failures (issue 21; horizon.env.rollouts, horizon.rl.runtime.core): never a reward
+    r.infra = ml_collections.ConfigDict(dict(
+        group_retries=2,          # reruns of a group with a failed sandbox, on fresh sandboxes
+        replacements=2,           # then: fresh reserve prompts tried for the slot before the run stops
     ))
     r.checkpoint_every = 100          # RL checkpoints (RLState + prompt-sampler state) every N steps and at the end
     r.max_checkpoints = 2
@@ -150,6 +157,8 @@ def experiment_config() -> ml_collections.ConfigDict:
     e.pool_size = 32                  # pooled sandboxes (= rollouts per RL step = eval chunk)
     e.sandbox_cpus = 0.5              # docker limits per sandbox
     e.sandbox_mem = "256m"
+    e.sandbox_disk_mb = 256           # per-sandbox disk budget (watchdog; over it the episode ends "resource"); 0 = off
+    e.sandbox_replace_attempts = 3    # fresh sandboxes tried when a pooled one fails its reset
     e.verify_timeout_s = 20.0
     e.plot = True
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)

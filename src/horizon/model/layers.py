@@ -111,4 +111,30 @@ def unembed(
     h: Float[Array, "*batch embed"], lm_head: Float[Array, "embed vocab"]
 ) -> Float[Array, "*batch vocab"]:
     """Logits in float32 (``h @ lm_head`` with a float32 result)."""
-    return jnp.einsum("...d,dv->...v", h, lm_head.astype(h.dtype), preferred_element_type=jnp.float32)
+    return _unembed(h, lm_head.astype(h.dtype))
+
+
+@jax.custom_vjp
+def _unembed(h, w):
+    return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+
+
+def _unembed_fwd(h, w):
+    return _unembed(h, w), (h, w)
+
+
+def _unembed_bwd(res, g):
+    """The LM head's gradients (the largest GEMMs of a small-model step, issue 20). ``dW = h^T g``
+    contracts over tokens; XLA:CPU runs that dot with a transposed left operand ~1.5x slower than
+    on a materialized ``h^T`` ([tokens, D]: a small copy), measured in benchmarks/train_step.py, so
+    the transpose is pinned with an optimization barrier. Same products as autodiff's."""
+    h, w = res
+    d = h.shape[-1]
+    h2, g2 = h.reshape(-1, d), g.reshape(-1, g.shape[-1])
+    ht = jax.lax.optimization_barrier(h2.T)
+    dw = jnp.dot(ht.astype(g2.dtype), g2, preferred_element_type=jnp.float32).astype(w.dtype)
+    dh = jnp.einsum("...v,dv->...d", g, w, preferred_element_type=jnp.float32).astype(h.dtype)
+    return dh, dw
+
+
+_unembed.defvjp(_unembed_fwd, _unembed_bwd)

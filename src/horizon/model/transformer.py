@@ -310,11 +310,15 @@ def decode(
     *,
     cfg,
     replay_indices: Int[Array, "moe_layers tokens k"] | None = None,
+    logits_at: Int[Array, " batch"] | None = None,
 ) -> tuple[Float[Array, "batch t vocab"], dict, dict]:
     """Incremental forward for t >= 1 new tokens per row at absolute `positions` (cache slots).
 
     Returns (float32 logits [b, t, V], updated cache, aux as in `forward` with T = b*t). Positions
-    >= the cache's max_len are not written (dropped), so keep positions < max_len.
+    >= the cache's max_len are not written (dropped), so keep positions < max_len. With
+    `logits_at` (one index into t per row) only those positions get logits, [b, 1, V]: a prefill
+    needs just the last prompt token's, and the LM head over every prompt position would cost
+    more than the rest of a small model's prefill (benchmarks/sampling.py).
     """
     c = model_cfg(cfg)
     validate_config(c)
@@ -341,5 +345,6 @@ def decode(
         x, (new_cache["moe"], stats) = jax.lax.scan(moe_step, x, (params["moe"], cache["moe"], replay_indices))
     else:
         stats = _empty_stats(c, b * t)
-    logits = lm_logits(params, x, cfg=c)
+    head_in = x if logits_at is None else jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
+    logits = lm_logits(params, head_in, cfg=c)
     return logits, new_cache, {"router_indices": stats["indices"], "router_load": stats["load"], "hidden": x}

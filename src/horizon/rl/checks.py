@@ -66,7 +66,7 @@ def validate_rl(c, steps: int) -> None:
     s = r.sampler
     need_float(s, "temperature", "rl.sampler", 0.0)
     need_float(s, "top_p", "rl.sampler", 0.0, 1.0, lo_open=True)
-    for k in ("min_batch_bucket", "min_prompt_bucket", "min_new_bucket", "chunk_tokens"):
+    for k in ("min_batch_bucket", "min_prompt_bucket", "min_new_bucket", "chunk_tokens", "sync_tokens"):
         need_int(s, k, "rl.sampler", lo=1)
     need_choice(s, "kv_mode", "rl.sampler", KV_MODES)
     n = need_int(r, "slots_per_batch", "rl", lo=0)
@@ -81,6 +81,8 @@ def validate_rl(c, steps: int) -> None:
     need_int(r, "checkpoint_every", "rl", lo=1)
     need_int(r, "max_checkpoints", "rl", lo=1)
     need_int(r, "hard_prompt_start_step", "rl", lo=-1)
+    need_int(r.infra, "group_retries", "rl.infra", lo=0)
+    need_int(r.infra, "replacements", "rl.infra", lo=0)
 
 
 def validate_rl_mesh(c) -> None:
@@ -165,6 +167,8 @@ def validate_sandboxes(c) -> None:
     e = c.exp
     need_choice(e, "backend", "exp", BACKENDS)
     need_float(e, "sandbox_cpus", "exp", 0.0, lo_open=True)
+    need_int(e, "sandbox_disk_mb", "exp", lo=0)
+    need_int(e, "sandbox_replace_attempts", "exp", lo=0)
     need_float(e, "verify_timeout_s", "exp", 0.0, lo_open=True)
     backends = {e.backend} | ({e.demo_backend} if "demo_backend" in e else set())
     if "demo_backend" in e:

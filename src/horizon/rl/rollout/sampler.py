@@ -108,7 +108,7 @@ def sample_from_logits(
     Both are traced scalars, so changing them does not recompile.
     """
     logits = logits.astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
+    lse = jax.nn.logsumexp(logits, axis=-1)      # log_softmax at the drawn token only (no [b, V] logp)
     temperature = jnp.asarray(temperature, jnp.float32)
     top_p = jnp.asarray(top_p, jnp.float32)
 
@@ -126,7 +126,7 @@ def sample_from_logits(
         return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
 
     tok = jax.lax.cond(temperature <= 0, lambda _: jnp.argmax(logits, axis=-1).astype(jnp.int32), sample, None)
-    return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    return tok, jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0] - lse
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -135,15 +135,37 @@ def prefill(params, cache, tokens, lengths, key, temperature, top_p, *, cfg):
     `cfg` is the model config as a FrozenConfigDict (`frozen_model_cfg`)."""
     b, p = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    logits, cache, aux = transformer.decode(params, cache, tokens, positions, cfg=cfg)
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-    tok, lp = sample_from_logits(last, key, temperature, top_p)
+    logits, cache, aux = transformer.decode(params, cache, tokens, positions, cfg=cfg, logits_at=lengths - 1)
+    tok, lp = sample_from_logits(logits[:, 0], key, temperature, top_p)
     return cache, tok, lp, aux["router_indices"]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
 def decode_step(params, cache, tok, pos, key, temperature, top_p, *, cfg):
     """Feed `tok` at `pos` (recording its routing) and sample the next token; donates `cache`."""
+    return _decode(params, cache, tok, pos, key, temperature, top_p, cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "steps"), donate_argnames=("cache",))
+def decode_chunk(params, cache, tok, lp, lengths, start, key, temperature, top_p, *, cfg, steps):
+    """`steps` consecutive `decode_step`s on device (one `lax.scan`: one dispatch and one host
+    sync per chunk instead of per token). Step i feeds the pending token at position
+    ``lengths + start + i``. Returns (cache, pending token, its logprob, key, fed tokens [steps, b],
+    their logprobs [steps, b], their routing [steps, L_moe, b, k]); the keys are split exactly as
+    the per-token loop splits them, so the samples are the same."""
+
+    def body(carry, i):
+        cache, tok, lp, key = carry
+        key, kj = jax.random.split(key)
+        cache, nxt, nlp, ri = _decode(params, cache, tok, lengths + start + i, kj, temperature, top_p, cfg)
+        return (cache, nxt, nlp, key), (tok, lp, ri)
+
+    (cache, tok, lp, key), (toks, lps, ris) = jax.lax.scan(body, (cache, tok, lp, key),
+                                                           jnp.arange(steps, dtype=jnp.int32))
+    return cache, tok, lp, key, toks, lps, ris
+
+
+def _decode(params, cache, tok, pos, key, temperature, top_p, cfg):
     logits, cache, aux = transformer.decode(params, cache, tok[:, None], pos[:, None], cfg=cfg)
     nxt, lp = sample_from_logits(logits[:, 0], key, temperature, top_p)
     return cache, nxt, lp, aux["router_indices"]
@@ -172,6 +194,7 @@ def generate(
     poll: Callable[[], tuple[dict, int]] | None = None,
     chunk_tokens: int = 0,
     kv_mode: str = "keep",
+    sync_tokens: int = 16,
 ) -> SampleOutput:
     """Sample continuations of `prompts` (1-D int token arrays) with the latent KV cache.
 
@@ -180,7 +203,9 @@ def generate(
     conventions. Deterministic in `key`. Tokens are tagged with `version`; or, with
     `poll() -> (params, version)` (and `params=None`), weights come from `poll` and may switch
     every `chunk_tokens` steps (in-flight updates, module docstring; `kv_mode` "keep" |
-    "recompute").
+    "recompute"). Decode steps run on device in chunks (`decode_chunk`) of `sync_tokens` steps
+    (`chunk_tokens` with `poll`), one host sync each: a batch whose rows have all stopped may
+    compute up to a chunk of steps that are thrown away, the price of not syncing every token.
     """
     mesh = pmesh.run_mesh(cfg)
     place = None
@@ -196,6 +221,8 @@ def generate(
             raise ValueError(f"chunk_tokens must be >= 1 with poll, got {chunk_tokens}")
     elif params is None:
         raise ValueError("generate needs params (or a poll function)")
+    if sync_tokens < 1:
+        raise ValueError(f"sync_tokens must be >= 1, got {sync_tokens}")
     if kv_mode not in KV_MODES:
         raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
     if not prompts:
@@ -248,8 +275,9 @@ def generate(
     done[n:] = True                       # padding rows
     stopped = np.zeros((B,), bool)
     switches = 0
-    for j in range(max_new_tokens):
-        if poll is not None and j > 0 and j % chunk_tokens == 0:
+    K = int(chunk_tokens) if poll is not None else int(sync_tokens)
+    for j in range(0, max_new_tokens, K):
+        if poll is not None and j > 0:           # chunk boundaries are the poll points
             new_params, new_version = poll()
             if new_version != version:
                 params, version = new_params, new_version
@@ -260,21 +288,23 @@ def generate(
                     key, cache, tok, lp = _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, P + N, key,
                                                      temp, tp, mcfg, place)
                     tok_version = version
-        tok_h, lp_h = np.asarray(tok), np.asarray(lp)
-        live = ~done
-        out_tok[live, j] = tok_h[live]
-        out_lp[live, j] = lp_h[live]
-        out_ver[live, j] = tok_version
-        m[live] += 1
-        hit = live & np.isin(tok_h, stops)
-        stopped |= hit
-        # feed token j (records its routing) and sample token j+1
-        key, kj = jax.random.split(key)
-        pos = jnp.asarray(lens_b + j)
-        cache, tok, lp, ri = decode_step(params, cache, tok, pos, kj, temp, tp, cfg=mcfg)
+        # feed tokens j .. j+K-1 (records their routing), sampling each next one
+        cache, tok, lp, key, fed, fed_lp, fed_ri = decode_chunk(params, cache, tok, lp, lens_j, jnp.int32(j), key,
+                                                                temp, tp, cfg=mcfg, steps=K)
+        fed, fed_lp, fed_ri = np.asarray(fed), np.asarray(fed_lp), np.asarray(fed_ri)
+        for i in range(min(K, max_new_tokens - j)):
+            live = ~done
+            out_tok[live, j + i] = fed[i, live]
+            out_lp[live, j + i] = fed_lp[i, live]
+            out_ver[live, j + i] = tok_version if i == 0 else version
+            out_ri[:, live, j + i] = fed_ri[i][:, live]
+            m[live] += 1
+            hit = live & np.isin(fed[i], stops)
+            stopped |= hit
+            done |= hit
+            if done.all():
+                break
         tok_version = version
-        out_ri[:, live, j] = np.asarray(ri)[:, live]
-        done |= hit
         if done.all():
             break
     prompt_ri = np.asarray(prompt_ri).reshape(L_moe, B, P, k)
@@ -331,7 +361,7 @@ def sampler_kwargs_from_config(cfg) -> dict:
     s = cfg.rl.sampler
     return dict(temperature=float(s.temperature), top_p=float(s.top_p),
                 min_batch_bucket=int(s.min_batch_bucket), min_prompt_bucket=int(s.min_prompt_bucket),
-                min_new_bucket=int(s.min_new_bucket))
+                min_new_bucket=int(s.min_new_bucket), sync_tokens=int(s.sync_tokens))
 
 
 # ----------------------------------------------------------------------------- policy adapter

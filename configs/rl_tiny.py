@@ -22,6 +22,7 @@ def rl_config() -> ml_collections.ConfigDict:
     r.loss_agg = "token_sum"      # "token_sum" (Dr.GRPO, no length norm) | "seq_mean" | "token_mean"
     r.token_sum_norm = 0.0        # divisor for token_sum; 0 = number of rows (a batch constant)
     r.std_normalize = False       # divide advantages by group std (GRPO ablation; report: off)
+    r.std_unbiased = True         # with std_normalize: unbiased group std (ddof=1, verl/TRL); False = population
     r.adv_std_eps = 1e-6          # only used with std_normalize
     r.clip_eps = 0.0              # PPO ratio clip; 0 / None = off
     r.overlong_mask = False       # drop truncated rollouts from the loss (ablation; report: off)

@@ -10,6 +10,9 @@ import ml_collections
 def model_config() -> ml_collections.ConfigDict:
     m = ml_collections.ConfigDict()
     m.vocab_size = 320            # ByteTokenizer: 256 bytes + specials
+    m.tokenizer = "byte"          # "byte" | a tokenizer.json (or a directory holding one): horizon.data.tokenizer
+    m.init_from = ""              # an HF checkpoint dir: architecture (+ tokenizer.json) and weights from it
+    #                               (horizon.model.hf_import.apply_init_from / pretrained_params)
     m.d_model = 64                # HF hidden_size
     m.num_layers = 3              # HF num_hidden_layers
     m.first_k_dense = 1           # HF first_k_dense_replace
@@ -54,7 +57,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = model_config()
 
     c.data = ml_collections.ConfigDict()
-    c.data.tokenizer = "byte"     # "byte" or a local HF tokenizer path
     c.data.root = ""              # corpus root for `sources` ("" = the repo root)
     c.data.sources = ("src", "experiments", "configs", "tests")  # the repo's own code (tuples: CLI-overridable)
     c.data.extensions = (".py", ".md", ".cfg", ".toml", ".sh")

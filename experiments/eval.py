@@ -20,10 +20,11 @@ import time
 import jax
 import numpy as np
 
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 from horizon.eval import EvalSetup, load_params, markdown_table, policy_from_params, run_eval, scripted_policy
 from horizon.eval import summarize, write_jsonl
 from horizon.eval.setup import build_tasks, checkpoint_list, registry_fn_for, system_prompt_for, validate_eval_config
+from horizon.model import hf_import
 from horizon.model.params import count_params
 from horizon.utils import cli
 from horizon.utils.config import dump_config
@@ -36,7 +37,7 @@ OVERALL_COLS = ("accuracy", "best_of_*", "completion_tokens", "tool_calls", "tur
 def load_config(argv=None):
     """The validated config of `argv` (exit 2 with one line on bad input)."""
     return cli.load(argv, default="configs/eval_tiny.py", validate=validate_eval_config, doc=__doc__,
-                    prog="experiments/eval.py")
+                    prog="experiments/eval.py", derive=hf_import.apply_init_from)
 
 
 def best_of_k_plot(overall: list[dict], path: pathlib.Path) -> None:
@@ -59,7 +60,7 @@ def main(argv=None):
     out = pathlib.Path(e.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(c, out / "config.json")
-    tok = ByteTokenizer(c.model.vocab_size)
+    tok = tokenizer_from_config(c)
     tasks = build_tasks(e)
     active = int(count_params(c.model)["active"])
     setup = EvalSetup(agent_cfg=c.agent, tokenizer=tok, registry_fn=registry_fn_for(c), num_passes=int(e.num_passes),

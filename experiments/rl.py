@@ -1,7 +1,8 @@
 """SFT warm start + RL over agent rollouts in Docker sandboxes, on CPU (SPEC §4, §6, §7).
 
     python experiments/rl.py --config=configs/rl_tiny.py            # the demo (`make run`)
-    python experiments/rl.py --config=configs/rl_tiny.py --config.exp.steps=3 --config.rl.group_size=8
+    python experiments/rl.py --config=configs/rl_tiny_bpe.py        # the same with a BPE tokenizer
+    python experiments/rl.py --config=configs/rl_tiny.py --config.model.init_from=HF_CHECKPOINT_DIR
 
 Environment. A byte-level tiny model cannot solve the hand-written task set, so the demo
 trains on a procedurally generated family (`horizon.tasks.synthetic`): "In settings.py set
@@ -9,8 +10,7 @@ TIMEOUT to 17." (the file has TIMEOUT = 42 among 2-4 constants) solved by ONE ca
 `<function=set><parameter=value>17</parameter><parameter=name>TIMEOUT</parameter></function>`
 (SPEC §5 per-environment tool sets: executed for real in the sandbox, one exec), whose two
 arguments are copied from the prompt; a fast `python3 -B -c` check is the verifier. Held-out
-tasks are unseen seeds of the same family. The env has its own short system prompt
-(`synthetic.SYSTEM_PROMPT`), so a context is ~95 bytes and the call ~100.
+tasks are unseen seeds of the same family; the env has its own short system prompt (`synthetic.SYSTEM_PROMPT`).
 
 Pipeline.
 1. SFT: scripted solutions rendered in the exact agent prompt format
@@ -24,14 +24,13 @@ Pipeline.
 2. RL: each step takes `prompts_per_step` unseen train prompts (single epoch,
    `horizon.rl.runtime.prompts.PromptSampler`), `group_size` rollouts each, batched generation through
    `horizon.rl.rollout.sampler.make_policy`, tool calls and verification in a pool of reused Docker
-   sandboxes (one exec resets a sandbox: `synthetic.reset_sandbox`), reward =
-   `rewards.total_reward` (verifier + length penalty), then `build_batch` -> `train_step`
-   (Dr.GRPO, KL k1 in the reward, router replay). Shapes are bucketed to one compile.
-3. Eval: at step 0, every `exp.eval.every` steps and at the end, `exp.eval.passes` independent
-   sampled passes over `exp.eval.n_tasks` held-out tasks; the std over passes is the eval noise;
-   best-of-K on held-out = fraction of tasks solved by any of the passes (K = passes).
+   sandboxes (one exec resets a sandbox), reward = `rewards.total_reward` (verifier + length penalty),
+   then `build_batch` -> `train_step` (Dr.GRPO, KL k1 in the reward, router replay), one compile.
+3. Eval: at step 0, every `exp.eval.every` steps and at the end, `exp.eval.passes` sampled passes over
+   `exp.eval.n_tasks` held-out tasks (std over passes = eval noise; best-of-K = solved by any pass).
 
-Bad config values stop in one line, exit code 2, before anything starts. Outputs in `exp.out_dir`:
+Bad config values stop in one line, exit code 2, before anything starts (`model.init_from`: an HF
+checkpoint dir's architecture, weights and tokenizer.json, `hf_import.apply_init_from`). Outputs in `exp.out_dir`:
 config.json, metrics.jsonl (one record per SFT log / RL step / eval, `phase` field), orbax
 checkpoints (sft/ and ckpt/ = RLState + prompt-sampler state; a rerun resumes from the latest),
 rewards.png (mean and best-of-K vs step, train and held-out) and summary.json (must-show numbers).
@@ -47,6 +46,7 @@ import jax
 import numpy as np
 
 from horizon.agent.prompt import Message, render, task_text
+from horizon.model import hf_import
 from horizon.rl import checks
 from horizon.rl.rollout import sampler
 from horizon.rl.runtime import loop, workers
@@ -58,7 +58,7 @@ from horizon.utils.seeds import run_keys
 def load_config(argv=None):
     """The validated config of `argv` (exit 2 with one line on bad input)."""
     return cli.load(argv, default="configs/rl_tiny.py", validate=lambda c: checks.validate_experiment(c, "config_edit"),
-                    doc=__doc__, prog="experiments/rl.py")
+                    derive=hf_import.apply_init_from, doc=__doc__, prog="experiments/rl.py")
 
 
 def sft_check(params, family, tasks, c, tok, key) -> dict:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -53,16 +55,20 @@ def _tiny(variant: str):
 
 def _hf_model(m, seed: int = 0):
     """Random tiny HF model; norms and router bias randomised so their mapping matters."""
-    torch.manual_seed(seed)
     kw = hf_import.hf_config_from_model_config(m)
-    hf_cfg = transformers.DeepseekV3Config(**kw, initializer_range=m.init_std)
+    return _hf_model_from_config(transformers.DeepseekV3Config(**kw, initializer_range=m.init_std), seed)
+
+
+def _hf_model_from_config(hf_cfg, seed: int = 0):
+    """`DeepseekV3ForCausalLM(hf_cfg)` (eager attention, eval mode) with norms and router bias randomised."""
+    torch.manual_seed(seed)
     hf_cfg._attn_implementation = "eager"
     model = transformers.DeepseekV3ForCausalLM(hf_cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
-        for layer in model.model.layers[m.first_k_dense:]:
+        for layer in model.model.layers[hf_cfg.first_k_dense_replace:]:
             b = layer.mlp.gate.e_score_correction_bias
             b.copy_(0.1 * torch.randn_like(b))
     return model
@@ -96,8 +102,8 @@ def _rel_err(a, b) -> float:
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-def _tokens(m, seed=1):
-    return np.random.default_rng(seed).integers(0, m.vocab_size, (BATCH, SEQ)).astype(np.int32)
+def _tokens(m, seed=1, seq=SEQ):
+    return np.random.default_rng(seed).integers(0, m.vocab_size, (BATCH, seq)).astype(np.int32)
 
 
 def _trees_equal(a, b) -> bool:
@@ -291,3 +297,104 @@ def test_dense_only_and_tied_model_roundtrip(tmp_path):
     assert "lm_head.weight" not in hf_import.CheckpointReader(tmp_path)
     m2, p2 = hf_import.load_pretrained(tmp_path, base=m)
     assert m2.num_experts == 0 and m2.tie_embeddings and _trees_equal(p2, params)
+
+
+# --------------------------------------------------------------------- transformers-saved checkpoints (issue 22)
+YARN_ORIG = 16  # original_max_position_embeddings of the checkpoint below
+LONG_SEQ = 3 * YARN_ORIG  # positions well past the original context: YaRN's interpolation is exercised
+
+
+def _user_hf_config():
+    """A tiny DeepseekV3Config as a user writes it (not via `hf_config_from_model_config`): q LoRA,
+    group-limited noaux_tc routing, a dense first layer, legacy YaRN `rope_scaling`, one declared MTP
+    layer (transformers builds and saves none)."""
+    return transformers.DeepseekV3Config(
+        vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=4, topk_group=2, topk_method="noaux_tc", routed_scaling_factor=2.5, first_k_dense_replace=1,
+        max_position_embeddings=4 * YARN_ORIG, num_nextn_predict_layers=1, rope_interleave=True,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": YARN_ORIG,
+                      "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 32.0, "beta_slow": 1.0},
+        initializer_range=0.1)  # spread router scores: no near-ties between frameworks
+
+
+@pytest.fixture(scope="module")
+def user_saved(tmp_path_factory):
+    model = _hf_model_from_config(_user_hf_config())
+    d = tmp_path_factory.mktemp("hf_user")
+    model.save_pretrained(d)
+    return model, d
+
+
+def _no_mtp_in(d, num_layers: int) -> bool:
+    return not any(n.startswith(f"model.layers.{num_layers}.") for n in hf_import.CheckpointReader(d).keys())
+
+
+def test_transformers_checkpoint_loads_with_fresh_mtp_and_matches_logits(user_saved):
+    model, d = user_saved
+    hf = json.loads((d / "config.json").read_text())
+    assert hf["num_nextn_predict_layers"] == 1 and _no_mtp_in(d, hf["num_hidden_layers"])  # declared, not saved
+    with pytest.warns(UserWarning, match=r"initialised 1 MTP layer\(s\) fresh"):
+        m, params = hf_import.load_pretrained(d)
+    assert (m.mtp_depth, m.q_lora_rank, m.n_group, m.topk_group, m.first_k_dense) == (1, 32, 4, 2, 1)
+    assert m.rope_scaling.type == "yarn" and m.rope_scaling.mscale_all_dim == 0.5
+    spec = jax.eval_shape(lambda k: transformer.init(k, m), jax.random.PRNGKey(0))
+    assert jax.tree.structure(params) == jax.tree.structure(spec)
+    assert _trees_equal(params["mtp"], hf_import.fresh_mtp_params(m, 0))  # the repo's init, key PRNGKey(0)
+
+    tokens = _tokens(m, seq=LONG_SEQ)
+    ref_logits, ref_idx = _hf_forward(model, tokens)
+    logits, idx = _horizon_forward(params, tokens, m)
+    err = _rel_err(logits, ref_logits)
+    print(f"max relative logit error vs transformers: {err:.2e}")
+    assert err < REL_TOL
+    np.testing.assert_array_equal(np.sort(idx, -1), np.sort(ref_idx, -1))
+    # the comparison sees YaRN: the same weights without it are far off
+    m_plain = ml_collections.ConfigDict(m.to_dict())
+    m_plain.rope_scaling.type = "none"
+    assert _rel_err(_horizon_forward(params, tokens, m_plain)[0], ref_logits) > 100 * REL_TOL
+
+
+def test_sharded_transformers_checkpoint_and_mtp_seed(user_saved, tmp_path):
+    model, d = user_saved
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").exists() and len(list(tmp_path.glob("*.safetensors"))) > 1
+    with pytest.warns(UserWarning):
+        _, a = hf_import.load_pretrained(d)
+    with pytest.warns(UserWarning):
+        _, b = hf_import.load_pretrained(tmp_path)
+    assert _trees_equal(a, b)
+    with pytest.warns(UserWarning, match="mtp_init_seed=1"):
+        m, c = hf_import.load_pretrained(d, mtp_init_seed=1)
+    assert _trees_equal({k: v for k, v in a.items() if k != "mtp"}, {k: v for k, v in c.items() if k != "mtp"})
+    assert not np.array_equal(a["mtp"]["proj"], c["mtp"]["proj"])
+    with pytest.raises(KeyError, match=r"no MTP tensors .*layers\.3\.enorm"):
+        hf_import.load_pretrained(d, mtp_init_seed=None)
+
+
+def _rewrite_without(src, dst, drop: str) -> None:
+    """Copy checkpoint `src` (config.json + tensors) to `dst` without tensor `drop`."""
+    r = hf_import.CheckpointReader(src)
+    assert drop in r
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    hf_import.write_safetensors(dst / "model.safetensors", [(n, r.shape(n), r.raw(n).dtype, lambda n=n: r.raw(n))
+                                                            for n in r.keys() if n != drop])
+
+
+def test_partial_mtp_and_missing_attention_tensor_are_errors(user_saved, tmp_path):
+    # an exported checkpoint with its MTP layer, less one MTP tensor: corrupt, not "train MTP fresh"
+    m = _tiny("qlora")
+    m.mtp_depth = 1
+    hf_import.export_hf_checkpoint(_random_params(m, 6), m, tmp_path / "full")
+    drop = f"model.layers.{m.num_layers}.self_attn.kv_b_proj.weight"
+    _rewrite_without(tmp_path / "full", tmp_path / "partial", drop)
+    with pytest.raises(KeyError, match=r"corrupt checkpoint .*" + re.escape(drop)):
+        hf_import.load_pretrained(tmp_path / "partial", base=m)
+    # fresh MTP never hides a missing main-model tensor
+    _, d = user_saved
+    drop = "model.layers.1.self_attn.q_b_proj.weight"
+    _rewrite_without(d, tmp_path / "no_attn", drop)
+    with pytest.raises(KeyError, match=r"1 tensors missing .*" + re.escape(drop)):
+        hf_import.load_pretrained(tmp_path / "no_attn")

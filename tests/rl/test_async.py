@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
 from horizon.rl import checks
 from horizon.rl.maths import trainer
@@ -21,6 +22,7 @@ from horizon.rl.runtime import async_loop, core as runtime, storage, workers
 from horizon.rl.runtime import weight_sync as ws
 from horizon.utils.config import load_config_file
 
+TOK = ByteTokenizer()
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -70,7 +72,7 @@ def trainer_logprobs(fwd, params, prompt, gen):
 @pytest.mark.parametrize("kv_mode", ["recompute", "keep"])
 def test_rollout_spanning_a_weight_update(inflight_env, kv_mode):
     cfg, p0, p1, fwd = inflight_env
-    prompt = workers.toy_prompt("toy_0")
+    prompt = workers.toy_prompt("toy_0", TOK)
     chunk, n_new = 4, 12
     # two rows and the config's buckets: the same compiled shapes as the toy rollout below
     kw = dict(sampler.sampler_kwargs_from_config(cfg), min_batch_bucket=2)
@@ -98,7 +100,7 @@ def test_polling_without_a_switch_is_fixed_params_generate(inflight_env, kv_mode
     """One generate: polling weights that never change gives exactly the fixed-params samples
     (same keys, same compiled steps), with every token tagged by the polled version."""
     cfg, p0, _, _ = inflight_env
-    prompts = [workers.toy_prompt("toy_0"), workers.toy_prompt("toy_12")]
+    prompts = [workers.toy_prompt("toy_0", TOK), workers.toy_prompt("toy_12", TOK)]
     kw = dict(sampler.sampler_kwargs_from_config(cfg), min_batch_bucket=2, max_new_tokens=12)
     fixed = sampler.generate(p0, prompts, jax.random.key(5), cfg=cfg, version=3, **kw)
     polled = sampler.generate(None, prompts, jax.random.key(5), cfg=cfg, poll=lambda: (p0, 3), chunk_tokens=4,

@@ -41,7 +41,7 @@ def make_groups(seed=0, G=3, n_groups=2, end_reason="final"):
 
 def build(groups, rewards, **kw):
     kw = {"min_rows": 8, "min_seq": 16, **kw}
-    return rlbatch.build_batch(groups, rewards, num_moe_layers=L, experts_per_tok=K, **kw)
+    return rlbatch.build_batch(groups, rewards, num_moe_layers=L, experts_per_tok=K, pad_id=TOK.pad_id, **kw)
 
 
 def rows_of(groups):
@@ -83,7 +83,7 @@ def test_advantage_broadcast_across_segments():
     np.testing.assert_allclose(b["group_rewards"][:2], rewards)
     np.testing.assert_allclose(b["chain_advantages"][:6], want_chain.reshape(-1), rtol=1e-6)
     std = build(groups, rewards, std_normalize=True)["chain_advantages"][:6].reshape(2, 3)
-    np.testing.assert_allclose(std, want_chain / (rewards.std(1, keepdims=True) + 1e-6), rtol=1e-5)
+    np.testing.assert_allclose(std, want_chain / (rewards.std(1, ddof=1, keepdims=True) + 1e-6), rtol=1e-5)
 
 
 def test_replay_index_alignment():
@@ -137,7 +137,7 @@ def test_batch_stats():
 def test_split_microbatches_keeps_chains_whole_and_rows_intact():
     groups = make_groups(G=3, n_groups=3)                 # 3 x (1 + 2 + 1) = 12 rows, chains of 1-2 rows
     b = build(groups, np.arange(9.0).reshape(3, 3), min_rows=16)
-    s = rlbatch.split_microbatches(b, 3)
+    s = rlbatch.split_microbatches(b, 3, pad_id=TOK.pad_id)
     M = s["tokens"].shape[0]
     S = b["tokens"].shape[1]
     assert s["tokens"].shape == (M, 3, S) and s["replay_indices"].shape == (M, L, 3 * S, K)
@@ -170,6 +170,6 @@ def test_split_microbatches_keeps_chains_whole_and_rows_intact():
 def test_split_microbatches_refuses_a_chain_longer_than_a_micro_batch():
     b = build(make_groups(), np.zeros((2, 3)))
     with pytest.raises(ValueError, match="segments > micro_rows=1"):
-        rlbatch.split_microbatches(b, 1)
+        rlbatch.split_microbatches(b, 1, pad_id=TOK.pad_id)
     with pytest.raises(ValueError, match="micro_rows must be >= 1"):
-        rlbatch.split_microbatches(b, 0)
+        rlbatch.split_microbatches(b, 0, pad_id=TOK.pad_id)

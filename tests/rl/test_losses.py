@@ -1,6 +1,7 @@
 """Tests for horizon.rl.maths.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
 
 import math
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +25,57 @@ def test_group_advantages_mean_only_by_default():
     adv2 = L.group_advantages(r.reshape(2, 4))
     assert adv2.shape == (2, 4)
     np.testing.assert_allclose(adv2.reshape(-1), adv, atol=ATOL)
-    # std normalisation only when asked: group 1 has std 0.5 -> ±1; group 2 stays 0.
-    adv_std = L.group_advantages(r, group_size=4, std_normalize=True, eps=0.0 + 1e-12)
+    # std normalisation only when asked: group 1 has population std 0.5 -> ±1; group 2 stays 0.
+    adv_std = L.group_advantages(r, group_size=4, std_normalize=True, std_unbiased=False, eps=0.0 + 1e-12)
     np.testing.assert_allclose(adv_std, [1, -1, -1, 1, 0, 0, 0, 0], atol=1e-5)
     assert not np.allclose(adv_std, adv)
+    # default: the unbiased std sqrt(1/3) -> ±sqrt(3)/2
+    adv_unb = L.group_advantages(r, group_size=4, std_normalize=True, eps=0.0)
+    np.testing.assert_allclose(adv_unb, np.array([1, -1, -1, 1, 0, 0, 0, 0]) * math.sqrt(3) / 2, atol=1e-5)
+
+
+def _verl_grpo(scores: np.ndarray, index: list[int], eps: float) -> np.ndarray:
+    """verl `compute_grpo_outcome_advantage` (norm_adv_by_std_in_grpo=True) for groups of >= 2:
+    ``(score - mean) / (torch.std(unbiased) + eps)``, per prompt index, written out per sample."""
+    out = np.zeros(len(scores))
+    for i, g in enumerate(index):
+        members = [float(s) for s, h in zip(scores, index) if h == g]
+        out[i] = (scores[i] - statistics.mean(members)) / (statistics.stdev(members) + eps)
+    return out
+
+
+@pytest.mark.parametrize("group_size", [2, 3, 8])
+def test_group_std_normalize_is_unbiased_like_verl(group_size):
+    """Issue 22: GRPO's std is the unbiased one (ddof=1), as verl / TRL (torch.std)."""
+    rng = np.random.default_rng(group_size)
+    r = rng.normal(size=(5, group_size)).astype(np.float32)
+    eps = 1e-6
+    adv = np.asarray(L.group_advantages(r, std_normalize=True, eps=eps))
+    want = (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + eps)
+    np.testing.assert_allclose(adv, want, rtol=1e-5, atol=1e-6)
+    verl = _verl_grpo(r.reshape(-1), [i // group_size for i in range(r.size)], eps)
+    np.testing.assert_allclose(adv.reshape(-1), verl, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(L.group_std(jnp.asarray(r)), r.std(1, ddof=1, keepdims=True), rtol=1e-5)
+    # the population option is still there
+    pop = np.asarray(L.group_advantages(r, std_normalize=True, std_unbiased=False, eps=eps))
+    np.testing.assert_allclose(pop, (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + eps),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pop, adv * math.sqrt(group_size / (group_size - 1)), rtol=1e-4, atol=1e-6)
+    jitted = jax.jit(lambda x: L.group_advantages(x, std_normalize=True, eps=eps))(r)
+    np.testing.assert_allclose(jitted, adv, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("std_unbiased", [True, False])
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
+def test_group_of_one_has_zero_advantage(std_unbiased, eps):
+    r = jnp.array([3.0, -1.0, 0.5])
+    for adv in (L.group_advantages(r, group_size=1, std_normalize=True, std_unbiased=std_unbiased, eps=eps),
+                L.group_advantages(r.reshape(3, 1), std_normalize=True, std_unbiased=std_unbiased, eps=eps),
+                L.group_advantages(r, group_size=1)):
+        assert np.all(np.isfinite(adv)) and np.all(np.asarray(adv) == 0)
+    # an all-equal group with eps=0: 0, not NaN
+    same = L.group_advantages(jnp.ones((2, 4)), std_normalize=True, std_unbiased=std_unbiased, eps=eps)
+    assert np.all(np.asarray(same) == 0)
 
 
 def test_group_advantages_errors():

@@ -19,6 +19,7 @@ from horizon.model.params import numpy_init
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOK = ByteTokenizer()
+PAD = TOK.pad_id
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def env():
 
     # one prompt group of 2 chains: chain 0 has two segments (a summary), chain 1 one
     groups = [[Trajectory("a", [seg(), seg()], "", {}, "final"), Trajectory("a", [seg()], "", {}, "final")]]
-    b = rlbatch.build_batch(groups, np.array([[1.0, 0.0]]), num_moe_layers=L, experts_per_tok=k,
+    b = rlbatch.build_batch(groups, np.array([[1.0, 0.0]]), num_moe_layers=L, experts_per_tok=k, pad_id=PAD,
                             min_rows=4, min_seq=32)
     # jit everything the tests call (eager scans over the model are slow on the shared CPUs)
     fwd = jax.jit(functools.partial(transformer.forward, cfg=cfg.model))
@@ -183,7 +184,8 @@ def _chains_batch(env, n_groups=2, G=3):
     groups = [[Trajectory(f"t{g}", [seg() for _ in range(1 + (j + g) % 2)], "", {},
                           "token_budget" if g == j == 0 else "final") for j in range(G)] for g in range(n_groups)]
     rewards = rng.uniform(0.0, 1.0, (n_groups, G)).astype(np.float32)
-    return rlbatch.build_batch(groups, rewards, num_moe_layers=L, experts_per_tok=k, min_rows=16, min_seq=32)
+    return rlbatch.build_batch(groups, rewards, num_moe_layers=L, experts_per_tok=k, min_rows=16, min_seq=32,
+                               pad_id=PAD)
 
 
 @pytest.mark.parametrize("over,whole_step", [
@@ -201,7 +203,7 @@ def test_microbatched_step_equals_the_whole_batch_step(env, over, whole_step):
     c.rl.update(over)
     cfg = ml_collections.FrozenConfigDict(c)
     b = _chains_batch(env)
-    s = rlbatch.split_microbatches(b, 3)
+    s = rlbatch.split_microbatches(b, 3, pad_id=PAD)
     assert s["tokens"].shape[0] == 3                     # 9 rows (chains of 1-2) -> 3 full micro-batches
     jb = {k_: jnp.asarray(v) for k_, v in b.items()}
     js = {k_: jnp.asarray(v) for k_, v in s.items()}

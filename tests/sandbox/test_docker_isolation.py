@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from horizon.sandbox import PROJECT_LABEL, SandboxError
+from horizon.sandbox import PROJECT_LABEL, SandboxInfraError
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[2]
@@ -65,10 +65,13 @@ def test_resource_limits_set_and_enforced(docker_make):
 def test_dead_container_raises_clear_error(docker_make):
     sb = docker_make()
     sb.container.remove(force=True)   # removed behind the sandbox's back
-    with pytest.raises(SandboxError, match="no longer exists"):
+    with pytest.raises(SandboxInfraError, match="no longer exists"):
         sb.exec("true")
-    with pytest.raises(SandboxError):
+    with pytest.raises(SandboxInfraError, match="no longer exists"):
         sb.read_file("/workspace/x")
+    with pytest.raises(SandboxInfraError, match="no longer exists"):
+        sb.write_file("/workspace/x", "1")
+    assert not sb.alive()
     sb.close()   # still fine
 
 

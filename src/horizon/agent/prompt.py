@@ -1,12 +1,13 @@
 """Prompt layout and the message -> token renderer (SPEC §5).
 
-A context is `BOS` followed by messages; each message is
-`ROLE_SPECIAL text-tokens END_TURN` with ROLE_SPECIAL in SYSTEM / USER / ASSISTANT /
-OBSERVATION. Generation starts after a bare `ASSISTANT` token. An assistant message
-stores the exact generated ids (including the END_TURN/EOS the model emitted) with
-their logprobs, router choices and policy versions; only those ids are marked
-model-generated (loss mask True). If the model hit its token limit without END_TURN,
-the harness appends an END_TURN that is NOT model-generated.
+The layout is the tokenizer's chat format (`horizon.data.tokenizer`): a context is
+`tok.context_start()` followed by messages, each `tok.turn_open(role) text tok.turn_close(role)`
+(byte tokenizer: ``BOS``, then ``ROLE text END_TURN`` per message). Generation starts after a bare
+`tok.turn_open("assistant")`. An assistant message stores the exact generated ids (including the
+end-of-turn / EOS the model emitted) with their logprobs, router choices and policy versions; only
+those ids are marked model-generated (loss mask True). If the model hit its token limit without a
+stop id, the harness appends the closing piece, NOT model-generated; after a stop id, the closing
+piece's remaining separator (if the format has one) is appended the same way.
 """
 
 from __future__ import annotations
@@ -63,11 +64,6 @@ class Rendered:
     router_indices: Any                        # int32[L_moe, n, k] (-1 where not generated) or None
 
 
-def role_token(tok, role: str) -> int:
-    return {"system": tok.SYSTEM, "user": tok.USER, "assistant": tok.ASSISTANT,
-            "observation": tok.OBSERVATION}[role]
-
-
 def system_prompt(registry) -> str:
     return SYSTEM_TEMPLATE.format(tools=registry.spec_text())
 
@@ -81,21 +77,20 @@ def task_text(task, file_listing: str | None = None) -> str:
 
 def message_ids(m: Message, tok) -> list[int]:
     """Ids of one message (prompt-side view; generated ids for assistant messages)."""
-    head = [role_token(tok, m.role)]
+    head, close = tok.turn_open(m.role), tok.turn_close(m.role)
     if m.tokens is not None:
         body = [int(t) for t in m.tokens]
-        if not body or body[-1] not in (tok.END_TURN, tok.EOS):
-            body.append(tok.END_TURN)
-        return head + body
-    return head + tok.encode(m.text) + [tok.END_TURN]
+        stopped = bool(body) and body[-1] in tok.stop_ids
+        return head + body + (close[1:] if stopped else close)
+    return head + tok.encode(m.text) + close
 
 
 def render(messages: list[Message], tok, *, add_generation_prompt: bool = False) -> Rendered:
     """Token ids of a message list plus the loss mask / logprob / version / router arrays."""
-    ids: list[int] = [tok.BOS]
-    mask: list[bool] = [False]
-    lps: list[float] = [0.0]
-    vers: list[int] = [-1]
+    ids: list[int] = list(tok.context_start())
+    mask: list[bool] = [False] * len(ids)
+    lps: list[float] = [0.0] * len(ids)
+    vers: list[int] = [-1] * len(ids)
     routers: list[tuple[int, np.ndarray]] = []   # (offset, [L, m, k]) of generated spans
     any_router = False
     all_router = True
@@ -104,19 +99,19 @@ def render(messages: list[Message], tok, *, add_generation_prompt: bool = False)
         start = len(ids)
         ids += mids
         if m.tokens is not None:
-            g = len(m.tokens)
-            mask += [False] + [True] * g + [False] * (len(mids) - 1 - g)
+            g, h = len(m.tokens), len(tok.turn_open(m.role))
+            mask += [False] * h + [True] * g + [False] * (len(mids) - h - g)
             lp = np.zeros(len(mids), np.float32)
             if m.logprobs is not None:
-                lp[1:1 + g] = np.asarray(m.logprobs, np.float32)
+                lp[h:h + g] = np.asarray(m.logprobs, np.float32)
             lps += lp.tolist()
             v = np.full(len(mids), -1, np.int64)
             if m.policy_versions is not None:
-                v[1:1 + g] = np.asarray(m.policy_versions)
+                v[h:h + g] = np.asarray(m.policy_versions)
             vers += v.tolist()
             if m.router_indices is not None:
                 any_router = True
-                routers.append((start + 1, np.asarray(m.router_indices)))
+                routers.append((start + h, np.asarray(m.router_indices)))
             else:
                 all_router = False
         else:
@@ -124,10 +119,11 @@ def render(messages: list[Message], tok, *, add_generation_prompt: bool = False)
             lps += [0.0] * len(mids)
             vers += [-1] * len(mids)
     if add_generation_prompt:
-        ids.append(tok.ASSISTANT)
-        mask.append(False)
-        lps.append(0.0)
-        vers.append(-1)
+        gp = tok.turn_open("assistant")
+        ids += gp
+        mask += [False] * len(gp)
+        lps += [0.0] * len(gp)
+        vers += [-1] * len(gp)
     router = None
     if any_router and all_router:
         L, _, k = routers[0][1].shape
@@ -139,14 +135,25 @@ def render(messages: list[Message], tok, *, add_generation_prompt: bool = False)
 
 
 def split_turns(tokens, tok) -> list[tuple[str, str]]:
-    """(role, text) pairs of a rendered context (for scripted policies / debugging)."""
-    by_id = {tok.SYSTEM: "system", tok.USER: "user", tok.ASSISTANT: "assistant", tok.OBSERVATION: "observation"}
+    """(role, text) pairs of a rendered context (for scripted policies / debugging): a turn starts
+    at a role's opening piece; closing pieces, stop ids and the context start are not text."""
+    ids = np.asarray(tokens).reshape(-1).tolist()
+    opens = sorted(((tok.turn_open(r), r) for r in ROLES), key=lambda x: -len(x[0]))
+    closes = sorted({tuple(tok.turn_close(r)) for r in ROLES}, key=len, reverse=True)
+    skip = set(tok.stop_ids) | {tok.pad_id} | set(tok.context_start())
     out: list[tuple[str, list[int]]] = []
-    for t in np.asarray(tokens).reshape(-1).tolist():
-        if t in by_id:
-            out.append((by_id[t], []))
-        elif t in (tok.END_TURN, tok.EOS, tok.BOS, tok.PAD):
+    i = 0
+    while i < len(ids):
+        hit = next(((o, r) for o, r in opens if o and ids[i:i + len(o)] == o), None)
+        if hit is not None:
+            out.append((hit[1], []))
+            i += len(hit[0])
             continue
-        elif out:
-            out[-1][1].append(t)
-    return [(r, tok.decode(ids)) for r, ids in out]
+        c = next((c for c in closes if c and ids[i:i + len(c)] == list(c)), None)
+        if c is not None:
+            i += len(c)
+            continue
+        if ids[i] not in skip and out:
+            out[-1][1].append(ids[i])
+        i += 1
+    return [(r, tok.decode(t)) for r, t in out]

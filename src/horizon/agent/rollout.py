@@ -15,7 +15,11 @@ counts the summary turns' tokens again on their own (the cost SPEC §6 compares)
 
 End reasons: "final", "max_turns", "token_budget" (generated tokens over the chain),
 "malformed" (max_malformed_calls unparsable turns), "context_full" (the hard context
-limit leaves no room to generate), "max_steps" (driver limit).
+limit leaves no room to generate), "max_steps" (driver limit) — the policy's outcomes — and
+"resource" (the policy's commands exceeded a sandbox budget, e.g. disk: also the policy's) and
+"infra" (the sandbox or engine failed: `SandboxInfraError`; `Trajectory.failure` says how). An
+"infra" episode is never trained on or scored (SPEC §4 "infrastructure is not the policy"):
+`horizon.env.rollouts` retries its group on a fresh sandbox.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ from horizon.agent.prompt import Message, render, system_prompt, task_text
 from horizon.agent.summarize import ContextState, make_strategy
 from horizon.tools.format import ParseError, parse_action, parse_summary
 from horizon.rl.maths.rewards import STATS_KEYS
+from horizon.sandbox.base import SandboxInfraError, SandboxResourceError
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
 from horizon.utils.config import need, need_choice, need_float, need_int
 
 STRATEGIES = ("self_summary", "prompt_compaction", "sliding_window", "none")
+INFRA_END = "infra"          # the one end reason that is not the policy's (module docstring)
+RESOURCE_END = "resource"
 
 
 @dataclasses.dataclass
@@ -72,6 +79,12 @@ class Trajectory:
     final_answer: str
     stats: dict[str, int]
     end_reason: str
+    failure: str = ""       # the sandbox error behind an "infra" / "resource" end
+
+    @property
+    def infra(self) -> bool:
+        """The sandbox failed, not the policy: retry, never train or score (module docstring)."""
+        return self.end_reason == INFRA_END
 
     @property
     def num_generated_tokens(self) -> int:
@@ -110,12 +123,12 @@ def validate_agent_config(cfg, prefix: str = "agent", strategies: Sequence[str] 
 
 
 def _clip_generation(gen: Generation, tok) -> Generation:
-    """Cut anything after the first END_TURN/EOS (the policy should already stop there)."""
+    """Cut anything after the first stop id (end of turn / EOS; the policy should already stop there)."""
     toks = np.asarray(gen.tokens, np.int32).reshape(-1)
     lps = np.asarray(gen.logprobs, np.float32).reshape(-1)
     if lps.shape != toks.shape:
         raise ValueError(f"Generation logprobs shape {lps.shape} != tokens shape {toks.shape}")
-    stop = np.nonzero((toks == tok.END_TURN) | (toks == tok.EOS))[0]
+    stop = np.nonzero(np.isin(toks, tok.stop_ids))[0]
     n = int(stop[0]) + 1 if len(stop) else len(toks)
     ri = None if gen.router_indices is None else np.asarray(gen.router_indices, np.int32)[:, :n]
     if ri is not None and ri.shape[1] != n:
@@ -146,15 +159,24 @@ class Episode:
         self._turns_at_compaction = -1       # no second compaction before a new turn (see _maybe_compact)
         self._pending_call = None            # parsed (name, args) awaiting execute_pending()
         self.generated_tokens = 0
-        listing = self._file_listing() if cfg.include_file_listing else None
+        self.failure = ""
+        dead = None
+        try:
+            listing = self._file_listing() if cfg.include_file_listing else None
+        except SandboxInfraError as e:
+            listing, dead = None, e
         self.messages = [Message("system", system_prompt(registry), kind="system"),
                          Message("user", task_text(task, listing), kind="task")]
+        if dead is not None:
+            self._fail(INFRA_END, dead)
 
     # -- context ---------------------------------------------------------------------------
     def _file_listing(self) -> str | None:
         try:
             res = self.sandbox.exec("find /workspace -mindepth 1 -maxdepth 2 -name '.*' -prune -o -print | LC_ALL=C sort",
                                     timeout=self.cfg.tool_timeout_s)
+        except SandboxInfraError:
+            raise
         except Exception:
             return None
         return truncate_text(res.output.strip(), int(self.cfg.file_listing_max_bytes)) if res.ok else None
@@ -180,6 +202,10 @@ class Episode:
         self._close_segment()
         self.stats["todos_created"] = self.tool_state.todos_created
         self.stats["todos_completed"] = self.tool_state.todos_completed
+
+    def _fail(self, reason: str, e: Exception) -> None:
+        self.failure = f"{type(e).__name__}: {e}"
+        self._finish(reason)
 
     def _close_segment(self) -> None:
         r = render(self.messages, self.tok)
@@ -251,7 +277,12 @@ class Episode:
         if call is None:
             return
         self._pending_call = None
-        res = self.registry.execute(call[0], call[1], self.ctx)
+        try:
+            res = self.registry.execute(call[0], call[1], self.ctx)
+        except SandboxInfraError as e:
+            return self._fail(INFRA_END, e)
+        except SandboxResourceError as e:
+            return self._fail(RESOURCE_END, e)
         self._observe(res.output)
 
     def _after_summary(self, text: str, m: int) -> None:
@@ -297,13 +328,14 @@ class Episode:
         if self.done or self._pending_call is None:
             return
         self.execute_pending()
-        self._post_turn()
+        if not self.done:
+            self._post_turn()
 
     def trajectory(self) -> Trajectory:
         if not self.done:
             raise RuntimeError("episode is not done; call trajectory() after it ends")
         return Trajectory(str(getattr(self.task, "id", "")), list(self.segments), self.final_answer,
-                          dict(self.stats), self.end_reason)
+                          dict(self.stats), self.end_reason, self.failure)
 
 
 def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int | None = None,

@@ -98,7 +98,7 @@ class ScriptedPolicy:
         out = []
         for ctx in contexts:
             self.calls += 1
-            ids = np.asarray(self.tok.encode(self.act(ctx)) + [self.tok.END_TURN], np.int32)[:max_new_tokens]
+            ids = np.asarray(self.tok.encode(self.act(ctx)) + [self.tok.end_turn_id], np.int32)[:max_new_tokens]
             out.append(Generation(ids, np.zeros(len(ids), np.float32), None, self.policy_version))
         return out
 

@@ -23,25 +23,21 @@ import ml_collections
 import numpy as np
 
 from horizon.data import packing, sources
-from horizon.data.tokenizer import ByteTokenizer, HFTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 
 BATCH_KEYS = ("tokens", "segment_ids", "positions", "mask")
 
 
 def make_tokenizer(cfg: ml_collections.ConfigDict):
-    """`cfg.data.tokenizer`: "byte" (default) or a local Hugging Face tokenizer path."""
-    name = cfg.data.tokenizer
-    tok = ByteTokenizer(vocab_size=cfg.model.vocab_size) if name == "byte" else HFTokenizer(name)
-    if tok.vocab_size > cfg.model.vocab_size:
-        raise ValueError(f"tokenizer {name!r} has {tok.vocab_size} ids > model.vocab_size={cfg.model.vocab_size}")
-    return tok
+    """The corpus tokenizer: the model's (`model.tokenizer`, `horizon.data.tokenizer`)."""
+    return tokenizer_from_config(cfg)
 
 
 def _data_key(cfg: ml_collections.ConfigDict, split: str) -> str:
     d = cfg.data
     return json.dumps(dict(root=str(sources.corpus_root(d)), sources=list(d.sources),
                            extensions=list(d.extensions), heldout=d.heldout_fraction, split=split,
-                           seq_len=d.seq_len, tokenizer=d.tokenizer, vocab=cfg.model.vocab_size,
+                           seq_len=d.seq_len, tokenizer=str(cfg.model.get("tokenizer", "byte")), vocab=cfg.model.vocab_size,
                            seed=d.shuffle_seed), sort_keys=True)
 
 
@@ -50,12 +46,12 @@ def _packed_rows(key: str, cfg_json: str) -> dict[str, np.ndarray]:
     cfg = ml_collections.ConfigDict(json.loads(cfg_json))
     d = cfg.data
     tok = make_tokenizer(cfg)
-    bos, eos = getattr(tok, "BOS", None) is not None, getattr(tok, "EOS", None) is not None
+    bos, eos = tok.bos_id is not None, tok.eos_id is not None
     docs = sources.file_source(d, json.loads(key)["split"]).map(
         lambda item: np.asarray(tok.encode(item[1], bos=bos, eos=eos), dtype=np.int32))
     docs = list(docs.shuffle(seed=d.shuffle_seed))  # seeded document order, then pack
     pieces = [p for doc in docs for p in packing.chunk(doc, d.seq_len) if p.size > 1]
-    packed = packing.pack_sequences(pieces, d.seq_len, pad_id=tok.PAD)
+    packed = packing.pack_sequences(pieces, d.seq_len, pad_id=tok.pad_id)
     return dict(tokens=packed.tokens, segment_ids=packed.segment_ids, positions=packed.positions,
                 mask=(packed.segment_ids > 0).astype(np.float32))
 

@@ -41,7 +41,7 @@ def config_edit_demos(tasks, tok, rng: np.random.Generator, *, corrupt_prob: flo
         if rng.random() < corrupt_prob:
             v = int(args["value"])
             args["value"] = str(v + 1 if v < hi else lo) if corrupt == "next" else str(int(rng.integers(lo, hi + 1)))
-        ids = tok.encode(render_call(call["name"], args)) + [tok.END_TURN]
+        ids = tok.encode(render_call(call["name"], args)) + [tok.end_turn_id]
         r = render([Message("system", synthetic.SYSTEM_PROMPT, kind="system"), Message("user", task_text(t), kind="task"),
                     Message("assistant", tokens=np.asarray(ids, np.int32))], tok)
         rows.append((r.tokens, r.loss_mask))
@@ -61,6 +61,9 @@ def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrup
         list(map_fn(family.reset, sandboxes[:len(chunk)], chunk))
         eps = [make_episode(family, t, sb, tok, agent_cfg) for t, sb in zip(chunk, sandboxes)]
         for tr in run_episodes(policy, eps):
+            if tr.infra:        # a sandbox failure cut the chain short: not a demonstration (issue 21)
+                print(f"[demos] {tr.task_id}: sandbox failed ({tr.failure[:120]}); chain dropped", flush=True)
+                continue
             rows += [(s.tokens, s.loss_mask) for s in tr.segments if s.loss_mask.any()]
     return rows
 
@@ -132,6 +135,6 @@ class KeyRecallDemoPolicy:
     def __call__(self, contexts, max_new_tokens: int):
         out = []
         for ctx in contexts:
-            ids = np.asarray(self.tok.encode(self.act(ctx)) + [self.tok.END_TURN], np.int32)[:max_new_tokens]
+            ids = np.asarray(self.tok.encode(self.act(ctx)) + [self.tok.end_turn_id], np.int32)[:max_new_tokens]
             out.append(Generation(ids, np.zeros(len(ids), np.float32), None, 0))
         return out

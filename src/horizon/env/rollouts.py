@@ -1,8 +1,16 @@
 """Episodes of a task family in pooled sandboxes: the environment side of a rollout (SPEC §4, §5, §7).
 
-- `SandboxPool`: sandboxes created once (in threads) and reset per episode with one exec;
+- `SandboxPool`: sandboxes created once (in threads), made ready per episode (`Sandbox.prepare`:
+  leftover processes killed, health checked; then the family's one-exec reset) and replaced when
+  dead or unusable (counted in `counters`);
 - `rollout_batch`: one episode per task through the agent loop (`run_episodes`: batched
-  generation, tool calls in threads), then the verifier and `rewards.total_reward`;
+  generation, tool calls in threads), then the verifier and `rewards.total_reward`. An episode
+  whose sandbox failed (end reason "infra", or a verifier `infra_error`) gets no reward: its info
+  says `infra` and its sandbox is replaced;
+- `ExperimentEnv.rollouts` reruns a group with any infra episode on fresh sandboxes (whole group:
+  its advantages compare rollouts of one policy state), at most `rl.infra.group_retries` times;
+  a group still failing comes back marked (`group_failed`) for `horizon.rl.runtime.core` to
+  replace with a fresh prompt's group (issue 21: infrastructure is never the policy's reward);
 - `ExperimentEnv`: an experiment config's family and a pool, made on first use and closed by
   its owner (the sync loop and each async rollout worker hold one); `eval_setup` lends the pool
   to the eval harness (one evaluator).
@@ -10,6 +18,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -18,34 +28,75 @@ import numpy as np
 from horizon.agent import Segment, run_episodes
 from horizon.env.families import Family, family_from_config, make_episode
 from horizon.rl.maths import rewards
+from horizon.sandbox.base import SandboxError, SandboxInfraError
 from horizon.tasks import verify
 
 
 class SandboxPool:
-    """`n` sandboxes of `backend` created in parallel and reused across episodes."""
+    """`n` sandboxes of `backend` created in parallel and reused across episodes; a box that is
+    dead or unusable at its reset, or whose episode hit an infrastructure error, is closed and
+    replaced by a fresh one (`replace`, at most `replace_attempts` fresh boxes per reset)."""
 
-    def __init__(self, n: int, backend: str, *, cpus: float, mem: str, workers: int, image: str):
+    def __init__(self, n: int, backend: str, *, cpus: float, mem: str, workers: int, image: str,
+                 disk_mb: int = 0, replace_attempts: int = 3):
         from horizon.sandbox import open_sandbox
 
         self.workers = int(workers)
+        self.replace_attempts = int(replace_attempts)
         limits = dict(cpus=float(cpus), mem_limit=str(mem)) if backend == "docker" else {}
+        if int(disk_mb) > 0:
+            limits["disk_limit_mb"] = int(disk_mb)
         image = image if backend == "docker" else None
         if backend == "docker":   # sandboxes are made in worker threads: install SIGTERM cleanup here
             from horizon.sandbox.docker import install_cleanup_hooks
 
             install_cleanup_hooks()
+        self._open = lambda: open_sandbox(backend, image, **limits)
+        self.counters = {"sandboxes_replaced": 0}
+        self._lock = threading.Lock()
         with ThreadPoolExecutor(self.workers) as ex:
-            self.boxes = list(ex.map(lambda _: open_sandbox(backend, image, **limits), range(int(n))))
+            self.boxes = list(ex.map(lambda _: self._open(), range(int(n))))
 
     @classmethod
     def from_config(cls, c, n: int | None = None) -> "SandboxPool":
         e = c.exp
         return cls(int(n or e.pool_size), e.backend, cpus=e.sandbox_cpus, mem=e.sandbox_mem,
-                   workers=int(c.agent.num_tool_workers), image=str(e.sandbox_image))
+                   workers=int(c.agent.num_tool_workers), image=str(e.sandbox_image),
+                   disk_mb=int(e.sandbox_disk_mb), replace_attempts=int(e.sandbox_replace_attempts))
 
     def map(self, fn, *its):
         with ThreadPoolExecutor(self.workers) as ex:
             return list(ex.map(fn, *its))
+
+    def replace(self, i: int, why: str) -> None:
+        """Close box `i` (whatever state it is in) and put a fresh sandbox in its place."""
+        old = self.boxes[i]
+        try:
+            old.close()
+        except SandboxError as e:       # a dead box may fail to close cleanly: it is gone either way
+            print(f"[pool] closing sandbox {i} failed ({e}); replacing it anyway", file=sys.stderr, flush=True)
+        self.boxes[i] = self._open()
+        with self._lock:
+            self.counters["sandboxes_replaced"] += 1
+        print(f"[pool] sandbox {i} replaced: {why[:200]}", file=sys.stderr, flush=True)
+
+    def ready(self, i: int, reset: Callable) -> object:
+        """Box `i` made ready for an episode: `prepare()` (leftover agent processes killed, health
+        checked), then `reset(box)` (the task's initial state). Any failure there is the box's, not
+        an episode's: it is replaced and the reset retried, up to `replace_attempts` fresh boxes;
+        then `SandboxInfraError` (the engine itself is failing)."""
+        last = None
+        for attempt in range(self.replace_attempts + 1):
+            if attempt:
+                self.replace(i, f"reset failed: {last}")
+            box = self.boxes[i]
+            try:
+                box.prepare()
+                reset(box)
+                return box
+            except (SandboxError, RuntimeError) as e:     # dead container, engine error, failed reset exec
+                last = f"{type(e).__name__}: {e}"
+        raise SandboxInfraError(f"sandbox {i}: {self.replace_attempts} fresh sandboxes failed to reset; last: {last}")
 
     def close(self):
         try:
@@ -65,22 +116,39 @@ def trim_segment(seg: Segment) -> Segment:
 
 
 def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
-    """One episode per task (len(tasks) <= pool size) -> (trajectories, rewards, infos)."""
+    """One episode per task (len(tasks) <= pool size) -> (trajectories, rewards, infos).
+    An infrastructure failure (module docstring) gets reward 0.0 and `info["infra"] = True` with
+    the error in `info["failure"]`: a placeholder the caller must not train on; its box is replaced."""
     if len(tasks) > len(pool.boxes):
         raise ValueError(f"{len(tasks)} tasks for a pool of {len(pool.boxes)} sandboxes")
-    boxes = pool.boxes[:len(tasks)]
-    pool.map(family.reset, boxes, tasks)
+    n = len(tasks)
+    boxes = pool.map(lambda i, t: pool.ready(i, lambda sb: family.reset(sb, t)), range(n), tasks)
     eps = [make_episode(family, t, sb, tok, c.agent) for t, sb in zip(tasks, boxes)]
     trajs = run_episodes(policy, eps, num_tool_workers=pool.workers)
     for tr in trajs:
         tr.segments = [trim_segment(sg) for sg in tr.segments]
-    vs = pool.map(lambda t, sb, tr: verify(t, sb, tr.final_answer, timeout=float(c.exp.verify_timeout_s),
-                                           check_edits=family.check_edits), tasks, boxes, trajs)
+
+    def score(t, sb, tr):
+        if tr.infra:        # the box is dead: nothing to verify
+            return None
+        return verify(t, sb, tr.final_answer, timeout=float(c.exp.verify_timeout_s), check_edits=family.check_edits)
+
+    vs = pool.map(score, tasks, boxes, trajs)
     rs, infos = [], []
-    for tr, v in zip(trajs, vs):
+    for i, (tr, v) in enumerate(zip(trajs, vs)):
+        failure = tr.failure if tr.infra else (v.infra_error if v.infra else "")
+        if failure:
+            pool.replace(i, failure)
+            rs.append(0.0)
+            infos.append(dict(infra=True, failure=failure, end=tr.end_reason if tr.infra else "verify_infra",
+                              gen_tokens=tr.num_generated_tokens, **tr.stats))
+            continue
         r, info = rewards.total_reward(v.reward, tr.stats, c.rl)
         rs.append(float(r))
-        infos.append(dict(info, verifier=v.reward, end=tr.end_reason, gen_tokens=tr.num_generated_tokens, **tr.stats))
+        infos.append(dict(info, verifier=v.reward, end=tr.end_reason, infra=False,
+                          gen_tokens=tr.num_generated_tokens, **tr.stats))
+        if tr.failure:
+            infos[-1]["failure"] = tr.failure
     return trajs, rs, infos
 
 
@@ -97,6 +165,7 @@ class ExperimentEnv:
         self.family = family_from_config(cfg.exp)
         self._pool: SandboxPool | None = pool
         self._owns_pool = pool is None
+        self._counters = {"infra_episodes": 0, "group_retries": 0}
 
     @property
     def pool(self) -> SandboxPool:
@@ -104,14 +173,42 @@ class ExperimentEnv:
             self._pool = SandboxPool.from_config(self.cfg)
         return self._pool
 
+    @property
+    def counters(self) -> dict:
+        """Cumulative infrastructure counters of this env (added to by every `rollouts` call)."""
+        return dict(self._counters, **(self._pool.counters if self._pool is not None else {}))
+
     def rollouts(self, requests: Sequence[dict], policy, tok) -> list[tuple]:
         """All `len(requests) * group_size` rollouts in ONE batched generation. Returns one
-        (trajectories, rewards, infos) per request."""
+        (trajectories, rewards, infos) per request. A group with an infrastructure failure is rolled
+        out again, whole, on fresh sandboxes (at most `rl.infra.group_retries` more times, the
+        retried groups batched together); one still failing has `infos[j]["group_failed"] = True`."""
         G = int(self.cfg.rl.group_size)
-        tasks = [self.family.make_task(self.seed_of(r)) for r in requests for _ in range(G)]
-        trajs, rs, infos = rollout_batch(self.family, tasks, policy, self.pool, self.cfg, tok)
-        return [(trajs[i * G:(i + 1) * G], rs[i * G:(i + 1) * G], infos[i * G:(i + 1) * G])
-                for i in range(len(requests))]
+        retries = int(self.cfg.rl.infra.group_retries)
+        out: list = [None] * len(requests)
+        todo = list(range(len(requests)))
+        for attempt in range(retries + 1):
+            if attempt:
+                self._counters["group_retries"] += len(todo)
+                print(f"[env] retrying {len(todo)} group(s) after infrastructure failures "
+                      f"(attempt {attempt}/{retries})", file=sys.stderr, flush=True)
+            tasks = [self.family.make_task(self.seed_of(requests[i])) for i in todo for _ in range(G)]
+            trajs, rs, infos = rollout_batch(self.family, tasks, policy, self.pool, self.cfg, tok)
+            failed = []
+            for j, i in enumerate(todo):
+                grp = (trajs[j * G:(j + 1) * G], rs[j * G:(j + 1) * G], infos[j * G:(j + 1) * G])
+                bad = sum(bool(x["infra"]) for x in grp[2])
+                self._counters["infra_episodes"] += bad
+                out[i] = grp
+                if bad:
+                    failed.append(i)
+            todo = failed
+            if not todo:
+                break
+        for i in todo:
+            for x in out[i][2]:
+                x["group_failed"] = True
+        return out
 
     def eval_setup(self, tok, passes: int):
         """A `horizon.eval.harness.EvalSetup` that runs the harness in this env's pooled sandboxes:
@@ -123,17 +220,22 @@ class ExperimentEnv:
 
         c, fam, pool = self.cfg, self.family, self.pool
         free: queue.SimpleQueue = queue.SimpleQueue()
-        for b in pool.boxes:
-            free.put(b)
+        lent: dict[int, int] = {}       # id(box) -> its pool index
+        for i in range(len(pool.boxes)):
+            free.put(i)
 
         def lend(task):
-            sb = free.get_nowait()      # the harness never opens more than max_parallel = the pool's size
-            fam.reset(sb, task)
+            i = free.get_nowait()       # the harness never opens more than max_parallel = the pool's size
+            sb = pool.ready(i, lambda b: fam.reset(b, task))
+            lent[id(sb)] = i
             return sb
+
+        def give_back(sb):
+            free.put(lent.pop(id(sb)))
 
         return EvalSetup(agent_cfg=c.agent, tokenizer=tok, registry_fn=None, num_passes=int(passes),
                          max_parallel=len(pool.boxes), backend=str(c.exp.backend),
-                         verify_timeout_s=float(c.exp.verify_timeout_s), open_fn=lend, release_fn=free.put,
+                         verify_timeout_s=float(c.exp.verify_timeout_s), open_fn=lend, release_fn=give_back,
                          episode_fn=lambda t, sb: make_episode(fam, t, sb, tok, c.agent), check_edits=fam.check_edits)
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -71,14 +71,17 @@ def policy_from_params(params: dict, cfg, key, **sampler_overrides) -> Policy:
 
 def load_params(ckpt_dir: str, cfg, key=None) -> tuple[dict, dict]:
     """(params, meta) from the newest checkpoint in `ckpt_dir` (`train.checkpoint.restore_params`:
-    any `Checkpointer` dir whose `state` holds params). `""` = a fresh init from `key` (default:
-    the RL drivers' init key of `cfg.seed`; the untrained baseline), meta {"step": 0}."""
-    from horizon.model import transformer
+    any `Checkpointer` dir whose `state` holds params). `""` = the run's starting params from `key`
+    (default: the RL drivers' init key of `cfg.seed`): `model.init_from`'s HF checkpoint if set, else
+    the untrained init; meta {"step": 0}."""
+    from horizon.model import hf_import, transformer
     from horizon.train.checkpoint import restore_params
     from horizon.utils.seeds import run_keys
 
     if not ckpt_dir:
         key = run_keys(cfg.seed)["init"] if key is None else key
+        if str(cfg.model.get("init_from", "") or ""):
+            return hf_import.pretrained_params(cfg, key), {"step": 0, "source": str(cfg.model.init_from)}
         return transformer.init(key, cfg.model), {"step": 0, "source": "init"}
     return restore_params(ckpt_dir, cfg.model)
 
@@ -96,7 +99,10 @@ class EvalSetup:
     `release_fn(sandbox)` gives it back (default: close it) — hooks that let an environment lend
     its pooled sandboxes (`horizon.env.rollouts.ExperimentEnv.eval_setup`, the RL loop's periodic
     eval); `episode_fn(task, sandbox)`, if set, builds the episode instead of `make_episode`;
-    `check_edits`: the verifier's eager-edit check and the `eager_edit` behaviour flag."""
+    `check_edits`: the verifier's eager-edit check and the `eager_edit` behaviour flag;
+    `infra_retries`: times an episode whose sandbox failed (end reason "infra" or a verifier
+    `infra_error`) is run again on a fresh sandbox before the eval stops with an error — an
+    infrastructure failure is never scored as the policy's (issue 21)."""
 
     agent_cfg: Any
     tokenizer: Any
@@ -112,6 +118,7 @@ class EvalSetup:
     release_fn: Callable | None = None
     episode_fn: Callable | None = None
     check_edits: bool = True
+    infra_retries: int = 2
 
 
 def make_episode(task, sandbox, setup: EvalSetup) -> Episode:
@@ -157,9 +164,13 @@ def _open(setup: EvalSetup, task):
 def _finish_one(setup: EvalSetup, task, sb, traj) -> dict:
     from horizon.tasks import verify
 
+    if traj.infra:
+        return dict(infra=traj.failure)
     t = time.perf_counter()
     v = verify(task, sb, traj.final_answer, timeout=setup.verify_timeout_s, check_edits=setup.check_edits)
     verify_s = time.perf_counter() - t
+    if v.infra:
+        return dict(infra=v.infra_error)
     edited = behaviour.eager_edit(task, sb) if setup.check_edits and not task.should_edit else None
     return dict(reward=float(v.reward), tests_passed=int(v.passed), tests_total=int(v.total), verify_s=verify_s,
                 edited_files=edited)
@@ -175,13 +186,16 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
     if not tasks:
         raise ValueError("run_eval needs at least one task")
     jobs = [(t, p) for p in range(setup.num_passes) for t in tasks]
+    tries: dict[tuple[int, int], int] = {}     # (job's task index, pass) -> infrastructure failures
     cfg = setup.agent_cfg
     max_steps = episode_step_limit(cfg)
     records: list[dict] = []
     pool = ThreadPoolExecutor(max(1, min(setup.max_parallel, 16)))
     try:
-        for lo in range(0, len(jobs), setup.max_parallel):
+        lo = 0
+        while lo < len(jobs):          # `jobs` grows when an episode is retried after an infra failure
             chunk = jobs[lo:lo + setup.max_parallel]
+            lo += len(chunk)
             t = time.perf_counter()
             futs = [pool.submit(_open, setup, task) for task, _ in chunk]
             boxes = []
@@ -203,6 +217,16 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
             finally:
                 list(pool.map(setup.release_fn or (lambda sb: sb.close()), boxes))
             for i, ((task, p), tr, fin) in enumerate(zip(chunk, trajs, finished)):
+                if "infra" in fin:     # not the policy's: run this episode again on a fresh sandbox
+                    key = (id(task), p)
+                    tries[key] = tries.get(key, 0) + 1
+                    if tries[key] > setup.infra_retries:
+                        raise RuntimeError(f"eval episode {task.id} pass {p}: its sandbox failed {tries[key]} times "
+                                           f"(eval.infra_retries={setup.infra_retries}); last: {fin['infra']}")
+                    print(f"[eval] {task.id} pass {p}: sandbox failed ({fin['infra'][:120]}); retrying",
+                          file=sys.stderr, flush=True)
+                    jobs.append((task, p))
+                    continue
                 processed = int(sum(len(s.tokens) for s in tr.segments))
                 rec = dict(policy=policy_name, task_id=task.id, kind=task.kind, should_edit=bool(task.should_edit),
                            pass_index=p, end_reason=tr.end_reason, completion_tokens=tr.num_generated_tokens,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
+from horizon.data.tokenizer import validate_tokenizer
 from horizon.agent import validate_agent_config
 from horizon.model import transformer
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
@@ -71,6 +72,7 @@ def validate_eval_config(c) -> None:
     """Every field experiments/eval.py reads: model, agent budget, the `eval` section, the task list
     (built here: a missing tasks_root or task id fails now) and each checkpoint dir's existence."""
     transformer.validate_config(c.model)
+    validate_tokenizer(c.model)
     validate_agent_config(c.agent, max_seq_len=int(c.model.max_seq_len))
     if "mesh" in c:                                  # sampling runs sharded over it
         from horizon.parallel.mesh import validate_mesh

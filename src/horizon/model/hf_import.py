@@ -2,8 +2,12 @@
 
 Torch-free: safetensors files are read with a small header parser over `np.memmap` (one tensor at a
 time, any dtype ml_dtypes knows: F32/F16/BF16/F8_E4M3/...; safetensors' own numpy backend cannot
-return float8) and written with the matching writer, so a checkpoint streams through host memory
-tensor by tensor.
+return float8, see `CheckpointReader`) and written with the matching writer, so a checkpoint streams
+through host memory tensor by tensor.
+
+Entry point for drivers: `load_pretrained(dir)` -> (model config, params) from a directory as
+`transformers`' ``save_pretrained`` writes it (config.json + ``*.safetensors``, sharded with a
+``model.safetensors.index.json`` or not) or as `export_hf_checkpoint` writes it.
 
 Config mapping (`hf_config_from_model_config` / `model_config_from_hf`; HF = `DeepseekV3Config`)::
 
@@ -51,15 +55,20 @@ transposed). Layer ``i < first_k_dense`` goes to ``params["dense"][..][i]``, the
       mlp.shared_experts.{gate,up,down}_proj         -> moe.shared.{gate,up,down}
 
 MTP (DeepSeek-V3 stores its MTP module as the extra decoder layer ``model.layers.{L+k}``), loaded
-into ``params["mtp"][..][k]`` only when ``mtp_depth > 0`` (otherwise those layers are skipped)::
+into ``params["mtp"][..][k]`` only when ``mtp_depth > 0`` (otherwise those layers are skipped).
+``transformers`` declares ``num_nextn_predict_layers`` (default 1) but builds and saves no MTP layer, so
+a checkpoint may hold none of them: then the MTP subtree is initialised fresh
+(``layers.materialize(PRNGKey(mtp_init_seed), transformer.mtp_spec(cfg))``, the repo's own init) with
+one warning; the report trains MTP from scratch (issue 22). Some but not all MTP tensors present is a
+corrupt checkpoint: a hard error naming the missing ones::
 
     model.layers.{L+k}.enorm / hnorm                 -> mtp.enorm / hnorm
     model.layers.{L+k}.eh_proj.weight [D,2D]         -> mtp.proj [2D,D]   (input = [enorm(emb) | hnorm(h)])
     model.layers.{L+k}.<decoder layer keys>          -> mtp.block.<as above>
-    model.layers.{L+k}.shared_head.norm              -> mtp.head_norm if the param tree has it; the current
-                                                        tree has none (MTP reuses final_norm): skipped, with
-                                                        a warning if it differs from model.norm; export
-                                                        writes final_norm there
+    model.layers.{L+k}.shared_head.norm              -> mtp.head_norm (`transformer.mtp_spec`; a tree without
+                                                        it, MTP reusing final_norm, skips the tensor with a
+                                                        warning if it differs from model.norm, and export
+                                                        writes final_norm there)
     model.layers.{L+k}.embed_tokens / shared_head.head  copies of the main embed / lm_head: not loaded;
                                                      written on export (DeepSeek-V3 files carry them)
 
@@ -272,7 +281,16 @@ def _read_header(path: pathlib.Path) -> tuple[dict, int]:
 
 
 class CheckpointReader:
-    """Lazy tensor access over one .safetensors file or a (sharded) checkpoint directory."""
+    """Lazy tensor access over one .safetensors file or a (sharded) checkpoint directory.
+
+    Hand-written rather than the `safetensors` library because that library's numpy backend cannot
+    read the F8 block-scaled weights of the original DeepSeek-V3 / Kimi-K2 releases: with
+    safetensors 0.8.0, ``safetensors.numpy.load_file`` and ``safe_open(framework="numpy")`` (and
+    ``"flax"``) on a file with an F8_E4M3 tensor (written by `write_safetensors` or by torch) raise
+    ``AttributeError: module 'numpy' has no attribute 'float8_e4m3fn'``; only the torch backend reads
+    it, and torch is not a dependency. Here every tensor is a zero-copy memmap view in its ml_dtypes
+    dtype (`raw`), read one at a time, and `get` dequantizes ``weight`` x ``weight_scale_inv``.
+    """
 
     def __init__(self, path: str | os.PathLike):
         p = pathlib.Path(path)
@@ -470,17 +488,66 @@ def _transform(x: np.ndarray, kind: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_hf_checkpoint(path: str | os.PathLike, cfg, *, strict: bool = True, shardings=None) -> dict:
+def _mtp_layer_of(name: str, cfg) -> int | None:
+    """k when `name` is a tensor of MTP layer ``model.layers.{L+k}`` (``k < mtp_depth``), else None."""
+    m = _model_cfg(cfg)
+    mt = re.match(r"^model\.layers\.(\d+)\.", name)
+    if mt is None:
+        return None
+    k = int(mt.group(1)) - m.num_layers
+    return k if 0 <= k < m.mtp_depth else None
+
+
+def _has_mtp_tensors(reader: CheckpointReader, cfg) -> bool:
+    return any(_mtp_layer_of(n, cfg) is not None for n in reader.keys())
+
+
+def fresh_mtp_params(cfg, seed: int, sharding=None) -> dict:
+    """A freshly initialised MTP subtree (issue 22): ``layers.materialize(PRNGKey(seed), mtp_spec(cfg))``,
+    the repo's own init rules (matrices ~ N(0, init_std^2), norms 1, router bias 0); deterministic in
+    `seed`. `sharding`: a pytree of shardings for the subtree (jit ``out_shardings``), or None."""
+    from horizon.model import layers, transformer
+
+    spec = transformer.mtp_spec(_model_cfg(cfg))
+    return jax.jit(lambda k: layers.materialize(k, spec), out_shardings=sharding)(jax.random.PRNGKey(seed))
+
+
+def _show(names: list[str], n: int = 8) -> str:
+    return f"{names[:n]}{' ...' if len(names) > n else ''}"
+
+
+def _missing_error(missing: list[str], path, cfg, has_mtp: bool) -> KeyError:
+    """The error for tensors the param tree needs but the checkpoint lacks (dense/attention/expert
+    tensors listed first, in `hf_entries` order)."""
+    m = _model_cfg(cfg)
+    if all(_mtp_layer_of(n, m) is not None for n in missing):
+        if has_mtp:
+            return KeyError(f"corrupt checkpoint {path}: it holds some tensors of the {m.mtp_depth} MTP layer(s) "
+                            f"(model.layers.{m.num_layers}+) but {len(missing)} are missing: {_show(missing)}")
+        return KeyError(f"{path} holds no MTP tensors for mtp_depth={m.mtp_depth} and mtp_init_seed=None "
+                        f"(pass a seed to initialise them fresh): {_show(missing)}")
+    return KeyError(f"{len(missing)} tensors missing from {path}: {_show(missing)}")
+
+
+def load_hf_checkpoint(path: str | os.PathLike, cfg, *, strict: bool = True, shardings=None,
+                       mtp_init_seed: int | None = 0) -> dict:
     """Read DeepSeek-V3-format safetensors (file or sharded dir) into horizon params (SPEC §1).
 
     Tensors stream one at a time into preallocated host buffers in the dtypes of `transformer.init`
     (param_dtype; router_bias float32), then move to device (with `shardings`, a matching pytree of
     `jax.sharding.Sharding`, if given). `strict`: unknown tensors in the file are an error (MTP layers
-    are skipped when ``mtp_depth == 0``). Missing tensors are always an error.
+    are skipped when ``mtp_depth == 0``). Missing tensors are an error, with one exception (issue 22):
+    ``mtp_depth > 0`` and the checkpoint holds no tensor of any MTP layer (what transformers'
+    ``save_pretrained`` writes) -> the MTP subtree is `fresh_mtp_params(cfg, mtp_init_seed)`, with one
+    warning; ``mtp_init_seed=None`` makes that an error too. Some but not all MTP tensors: an error.
     """
     m = _model_cfg(cfg)
-    spec = _param_spec(m)
+    full_spec = _param_spec(m)
     reader = CheckpointReader(path)
+    has_mtp = _has_mtp_tensors(reader, m)
+    fresh_mtp = m.mtp_depth > 0 and not has_mtp and mtp_init_seed is not None
+    # the subtrees the file's tensors fill: all of them, or all but MTP when it is initialised fresh
+    spec = {k: v for k, v in full_spec.items() if not (fresh_mtp and k == "mtp")}
     bufs = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), spec)
     counts: dict[tuple[str, ...], int] = {}
     used: set[str] = set()
@@ -496,7 +563,9 @@ def load_hf_checkpoint(path: str | os.PathLike, cfg, *, strict: bool = True, sha
         counts[path_] = counts.get(path_, 0) + (int(np.prod(slot_shape)) if slot_shape else 1)
 
     fused_done: set[str] = set()
-    for name, path_, idx, kind in hf_entries(spec, m):
+    for name, path_, idx, kind in hf_entries(full_spec, m):
+        if path_[0] not in spec:
+            continue
         if name in reader:
             put(path_, idx, _transform(reader.get(name), kind), name)
             used.add(name)
@@ -523,7 +592,7 @@ def load_hf_checkpoint(path: str | os.PathLike, cfg, *, strict: bool = True, sha
             continue
         missing.append(name)
     if missing:
-        raise KeyError(f"{len(missing)} tensors missing from {path}: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        raise _missing_error(missing, path, m, has_mtp)
 
     L = m.num_layers
     unknown = []
@@ -556,8 +625,15 @@ def load_hf_checkpoint(path: str | os.PathLike, cfg, *, strict: bool = True, sha
         raise ValueError(f"params with no HF tensor: {['/'.join(p) for p in unfilled]}")
     reader.close()
     if shardings is None:
-        return jax.tree.map(lambda b: jax.device_put(b), bufs)
-    return jax.tree.map(lambda b, s: jax.device_put(b, s), bufs, shardings)
+        params = jax.tree.map(lambda b: jax.device_put(b), bufs)
+    else:
+        params = jax.tree.map(lambda b, s: jax.device_put(b, s), bufs, {k: shardings[k] for k in bufs})
+    if fresh_mtp:
+        params["mtp"] = fresh_mtp_params(m, mtp_init_seed, None if shardings is None else shardings["mtp"])
+        warnings.warn(f"{path}: no MTP tensors for mtp_depth={m.mtp_depth} (config.json num_nextn_predict_layers; "
+                      f"transformers' save_pretrained writes none): initialised {m.mtp_depth} MTP layer(s) fresh "
+                      f"with mtp_init_seed={mtp_init_seed}, as the report trains MTP from scratch", stacklevel=2)
+    return params
 
 
 _HOST_COPY_BYTES = 256 * 2**20  # export: leaves up to this size are copied to host whole
@@ -663,7 +739,11 @@ def export_hf_checkpoint(params: dict, cfg, out_dir: str | os.PathLike, *, dtype
 
 
 def load_pretrained(path: str | os.PathLike, base=None, **kw) -> tuple[ml_collections.ConfigDict, dict]:
-    """(model config, params) from an HF checkpoint dir: `model_config_from_hf` + `load_hf_checkpoint`."""
+    """(model config, params) from an HF checkpoint dir (config.json + ``*.safetensors``, with or without
+    ``model.safetensors.index.json``; as transformers' ``save_pretrained`` or `export_hf_checkpoint`
+    writes it): `model_config_from_hf` (fields without an HF name from `base`, default configs/tiny.py)
+    + `load_hf_checkpoint` (`kw`: ``strict``, ``shardings``, ``mtp_init_seed`` (default 0): declared
+    MTP layers absent from the files are initialised fresh, issue 22)."""
     m = model_config_from_hf(read_hf_config(path), base=base)
     return m, load_hf_checkpoint(path, m, **kw)
 
@@ -672,3 +752,76 @@ def iter_hf_names(cfg) -> Iterator[str]:
     """HF tensor names a checkpoint for `cfg` holds (per-expert layout), for inspection/tests."""
     for name, *_ in hf_entries(_param_spec(cfg), cfg):
         yield name
+
+
+# ----------------------------------------------------------------------------- model.init_from
+CHAT_TOKENIZER_FILE = "tokenizer.horizon.json"   # a checkpoint tokenizer with horizon's chat specials added
+
+
+def apply_init_from(c) -> None:
+    """Derive the model section of a run that starts from an HF checkpoint directory
+    (`model.init_from`, issue 22; `horizon.utils.cli.load`'s `derive` hook, before validation):
+    the architecture fields come from its config.json (the others, e.g. `max_seq_len`, stay the
+    config's), and when the config names no tokenizer ("byte") and the directory holds a
+    `tokenizer.json`, `model.tokenizer` becomes it. A tokenizer without horizon's chat specials and
+    without a chat template gets them added (written beside it as `CHAT_TOKENIZER_FILE`) and
+    `model.vocab_size` grows to cover them: `pretrained_params` initialises the new embedding and
+    LM-head rows. Raises `ConfigError` (one line) for a directory without config.json."""
+    from horizon.data.tokenizer import add_chat_specials, load_tokenizer  # noqa: PLC0415
+    from horizon.utils.config import ConfigError  # noqa: PLC0415
+
+    m = c.model
+    src = str(m.get("init_from", "") or "")
+    if not src:
+        return
+    d = pathlib.Path(src)
+    if not (d / "config.json").is_file():
+        raise ConfigError(f"model.init_from={src!r}: no config.json there (an HF checkpoint directory)")
+    try:
+        m.update(model_config_from_hf(read_hf_config(d), base=m).to_dict())
+    except ValueError as e:
+        raise ConfigError(f"model.init_from={src!r}: {e}") from None
+    if str(m.get("tokenizer", "byte")) == "byte" and (d / "tokenizer.json").is_file():
+        m.tokenizer = str(d)
+    spec = str(m.get("tokenizer", "byte"))
+    if spec == "byte":
+        return
+    try:
+        load_tokenizer(spec)
+    except ValueError as e:
+        if "lacks horizon's chat special tokens" not in str(e):
+            raise ConfigError(f"model.tokenizer={spec!r}: {e}") from None
+        from horizon.data.tokenizer import resolve_tokenizer_file  # noqa: PLC0415
+
+        f = resolve_tokenizer_file(spec)
+        out = f.parent / CHAT_TOKENIZER_FILE
+        added = add_chat_specials(f, out)
+        warnings.warn(f"{f}: added horizon's chat special tokens {added} -> {out}; their embedding and LM-head "
+                      "rows are initialised fresh (hf_import.pretrained_params)", stacklevel=2)
+        m.tokenizer = str(out)
+    m.vocab_size = max(int(m.vocab_size), int(load_tokenizer(str(m.tokenizer)).vocab_size))
+
+
+def pretrained_params(c, key: jax.Array) -> dict:
+    """The params of `model.init_from` for the (derived, `apply_init_from`) model config `c.model`:
+    the checkpoint's tensors, with vocabulary rows past the checkpoint's (chat specials that were
+    added) drawn like `transformer.init` draws embeddings (N(0, init_std^2), from `key`)."""
+    m = c.model
+    d = str(m.init_from)
+    m0 = model_config_from_hf(read_hf_config(d), base=m)
+    params = load_hf_checkpoint(d, m0)
+    extra = int(m.vocab_size) - int(m0.vocab_size)
+    if extra <= 0:
+        return params
+    k1, k2 = jax.random.split(key)
+    std = float(m.init_std)
+    grow = {"embed": (0, k1), "lm_head": (1, k2)}
+    for name, (axis, k) in grow.items():
+        if name not in params:
+            continue
+        w = params[name]
+        shape = list(w.shape)
+        shape[axis] = extra
+        new = (std * jax.random.normal(k, tuple(shape), np.float32)).astype(w.dtype)
+        params[name] = jax.numpy.concatenate([w, new], axis=axis)
+    return params

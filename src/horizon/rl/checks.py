@@ -14,6 +14,7 @@ import pathlib
 
 from horizon.agent import validate_agent_config
 from horizon.agent.rollout import STRATEGIES
+from horizon.data.tokenizer import validate_tokenizer
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
@@ -32,6 +33,7 @@ ASYNC_LOOPS = ("sync", "async", "sync_mp")
 def validate_model(c) -> None:
     transformer.validate_config(c.model)
     need_int(c.model, "max_seq_len", "model", lo=8)
+    validate_tokenizer(c.model)
 
 
 def validate_agent_budget(c) -> None:

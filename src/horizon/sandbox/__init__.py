@@ -14,9 +14,12 @@ from horizon.sandbox.base import (
     WORKSPACE,
     ExecResult,
     Sandbox,
+    SandboxArgumentError,
     SandboxError,
     SandboxFileNotFoundError,
     SandboxInfraError,
+    SandboxIsADirectoryError,
+    SandboxPermissionError,
     SandboxResourceError,
 )
 from horizon.sandbox.factory import BACKENDS, docker_available, open_sandbox
@@ -24,8 +27,9 @@ from horizon.sandbox.local import LocalSandbox
 
 __all__ = [
     "BACKENDS", "DEFAULT_BASE_IMAGE", "PROJECT_LABEL", "TRUNCATION_MARKER", "WORKSPACE",
-    "DockerSandbox", "ExecResult", "LocalSandbox", "Sandbox", "SandboxError",
-    "SandboxFileNotFoundError", "SandboxInfraError", "SandboxResourceError", "cleanup_leaked", "docker_available", "open_sandbox",
+    "DockerSandbox", "ExecResult", "LocalSandbox", "Sandbox", "SandboxArgumentError", "SandboxError",
+    "SandboxFileNotFoundError", "SandboxInfraError", "SandboxIsADirectoryError", "SandboxPermissionError",
+    "SandboxResourceError", "cleanup_leaked", "docker_available", "open_sandbox",
 ]
 
 

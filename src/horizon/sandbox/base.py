@@ -25,7 +25,10 @@ TIMEOUT_EXIT_CODES = (124, 137)     # GNU timeout: 124 after SIGTERM, 137 after 
 
 
 class SandboxError(RuntimeError):
-    """A sandbox operation failed (dead container, missing file, engine error)."""
+    """A sandbox operation failed. A plain `SandboxError` or the file/argument subclasses below
+    are the policy's doing (a bad path, a file it may not write) and go back to it as text;
+    `SandboxInfraError` (engine / dead container) and `SandboxResourceError` (budget) end the
+    episode (issue 21)."""
 
 
 class SandboxInfraError(SandboxError):
@@ -42,6 +45,42 @@ class SandboxResourceError(SandboxError):
 
 class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     """`read_file` on a path that does not exist in the sandbox (catch either base)."""
+
+
+class SandboxPermissionError(SandboxError, PermissionError):
+    """A file operation the sandbox user may not do ("Permission denied"): the policy's action,
+    reported to it like any failed command (catch either base)."""
+
+
+class SandboxIsADirectoryError(SandboxError, IsADirectoryError):
+    """`read_file` / `write_file` on a directory (catch either base)."""
+
+
+class SandboxArgumentError(SandboxError, ValueError):
+    """An argument no sandbox can act on (a path that is empty, relative or holds a NUL byte; a
+    command or workdir with a NUL byte), rejected before anything runs (catch either base)."""
+
+
+def check_path(path: str, what: str = "path") -> str:
+    """`path` if it is a usable absolute sandbox path, else `SandboxArgumentError` (one line)."""
+    if not isinstance(path, str):
+        raise SandboxArgumentError(f"sandbox {what} must be a string, got {type(path).__name__}")
+    if not path:
+        raise SandboxArgumentError(f"sandbox {what} must not be empty")
+    if "\x00" in path:
+        raise SandboxArgumentError(f"sandbox {what} must not contain a NUL byte, got {path!r:.200}")
+    if not path.startswith("/"):
+        raise SandboxArgumentError(f"sandbox paths must be absolute, got {path!r:.200}")
+    return path
+
+
+def check_command(cmd: str) -> str:
+    """`cmd` if it can be passed to `bash -c` (a str without NUL bytes), else `SandboxArgumentError`."""
+    if not isinstance(cmd, str):
+        raise SandboxArgumentError(f"sandbox command must be a string, got {type(cmd).__name__}")
+    if "\x00" in cmd:
+        raise SandboxArgumentError("sandbox command must not contain a NUL byte")
+    return cmd
 
 
 class OutputBuffer:
@@ -103,10 +142,15 @@ class Sandbox(Protocol):
         """Run `cmd` with bash; kill it (not the sandbox) after `timeout` seconds."""
         ...
 
-    def read_file(self, path: str) -> bytes: ...
+    def read_file(self, path: str) -> bytes:
+        """Bytes of the file at absolute `path`, read as the sandbox user (symlinks resolved in
+        the sandbox). Missing: `SandboxFileNotFoundError`; not readable by the user:
+        `SandboxPermissionError`; a directory: `SandboxIsADirectoryError`."""
+        ...
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Create/overwrite `path` (parent dirs created), owned by the sandbox user."""
+        """Create/overwrite `path` as the sandbox user (missing parent dirs created as that
+        user; `mode` applied when the user owns the file). Same errors as `read_file`."""
         ...
 
     def snapshot(self, tag: str | None = None) -> str:
@@ -115,6 +159,23 @@ class Sandbox(Protocol):
 
     def fork(self) -> "Sandbox":
         """A new, independent sandbox starting from this one's current filesystem."""
+        ...
+
+    def prepare(self) -> None:
+        """Make a pooled sandbox ready for its next episode (call before the task's reset).
+
+        Kills every process of the sandbox user (background servers may live within an
+        episode, never across), removes that user's files from the writable scratch places
+        outside the workspace (/tmp, /var/tmp, /dev/shm, the user's home) so disk use does
+        not accumulate, clears a tripped disk budget, and checks the sandbox can still
+        fork/exec a trivial command. Raises `SandboxInfraError` when the sandbox cannot be
+        made usable (dead container, a fork bomb that cannot be stopped): replace it.
+        The workspace itself is NOT restored: that is the caller's (the task family's reset).
+        """
+        ...
+
+    def alive(self) -> bool:
+        """Cheap health check (no exec): the sandbox is open and its container is running."""
         ...
 
     def close(self) -> None:

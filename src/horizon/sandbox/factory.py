@@ -26,9 +26,10 @@ def open_sandbox(backend: str, image: str | None = None, **limits) -> Sandbox:
     """A new sandbox. `limits` go to `DockerSandbox.create` / `LocalSandbox.create`.
 
     docker: `image` is an image tag/id (default `HORIZON_BASE_IMAGE`); limits: cpus,
-    mem_limit, pids_limit, network, user, labels, default_timeout, max_output_bytes, ...
+    mem_limit, pids_limit, network, user, labels, default_timeout, max_output_bytes,
+    disk_limit_mb (0 = none; the disk budget watchdog), ...
     local:  `image` is ignored unless it is a directory (e.g. a LocalSandbox snapshot),
-    which is copied as the root; Docker-only limits are accepted and ignored.
+    which is copied as the root; Docker-only limits (disk_limit_mb too) are accepted and ignored.
     """
     if backend == "docker":
         from horizon.sandbox.docker import DockerSandbox  # noqa: PLC0415

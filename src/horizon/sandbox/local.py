@@ -12,7 +12,10 @@ lives at `root/p` (so `/workspace/a.py` -> `root/workspace/a.py`) for `read_file
 command text is rewritten to the real directory (and back in the output), so commands
 such as `cd /workspace && pytest` work; other absolute paths in commands are the host's.
 Timeouts kill the whole process group (SIGTERM, then SIGKILL after `KILL_GRACE_S`).
-`snapshot()` copies the tree; `fork()` copies it into a new sandbox.
+`snapshot()` copies the tree; `fork()` copies it into a new sandbox. `prepare()` kills every
+process still carrying this sandbox's `HORIZON_SANDBOX_ROOT` in its environment (background
+and `setsid` children of its commands; Linux /proc) and empties its /tmp; no budgets are
+enforced (`disk_limit_mb` is accepted and ignored).
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ from horizon.sandbox.base import (
     OutputBuffer,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxInfraError,
+    SandboxIsADirectoryError,
+    SandboxPermissionError,
+    check_command,
+    check_path,
 )
 
 _READ_CHUNK = 65536
@@ -59,6 +67,7 @@ class LocalSandbox:
         self.max_output_bytes = int(max_output_bytes)
         self._closed = False
         self._snapshots: list[str] = []
+        self._dangling: list = []   # (reader thread, pipe) of execs whose escaped children hold the pipe
         for d in (WORKSPACE, "/tmp"):   # the skeleton every sandbox has
             os.makedirs(self._host(d), exist_ok=True)
 
@@ -83,24 +92,24 @@ class LocalSandbox:
     # -- paths ----------------------------------------------------------------------------
     def _host(self, path: str) -> str:
         """Host path of absolute sandbox path `path` (may not escape the root)."""
-        if not path.startswith("/"):
-            raise SandboxError(f"sandbox paths must be absolute, got {path!r}")
+        check_path(path)
         rel = posixpath.normpath(path).lstrip("/")
         return os.path.join(self.root, rel) if rel else self.root
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SandboxError(f"local sandbox {self.root} is closed")
+            raise SandboxInfraError(f"local sandbox {self.root} is closed")
 
     # -- exec -----------------------------------------------------------------------------
     def exec(self, cmd: str, timeout: float | None = None, workdir: str = WORKSPACE) -> ExecResult:
         """Run `cmd` with `bash -c` in `workdir`; kill its process group after `timeout` s."""
         self._check_open()
+        check_command(cmd)
+        cwd = self._host(workdir)
         timeout = self.default_timeout if timeout is None else float(timeout)
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         ws = self._host(WORKSPACE)
-        cwd = self._host(workdir)
         buf = OutputBuffer(self.max_output_bytes)
         t0 = time.monotonic()
         if not os.path.isdir(cwd):
@@ -132,7 +141,10 @@ class LocalSandbox:
         _killpg(proc.pid, signal.SIGKILL)   # also reaps background children left behind
         proc.wait()
         reader.join(KILL_GRACE_S)
-        proc.stdout.close()
+        if reader.is_alive():   # a child that left the group (setsid) still holds the pipe: closing
+            self._dangling.append((reader, proc.stdout))   # it now would deadlock; prepare/close do
+        else:
+            proc.stdout.close()
         out, truncated = buf.result()
         out = out.replace(ws, WORKSPACE)
         code = 124 if timed_out else proc.returncode
@@ -146,20 +158,18 @@ class LocalSandbox:
         self._check_open()
         host = self._host(path)
         if os.path.isdir(host):
-            raise SandboxError(f"read_file({path}): is a directory")
+            raise SandboxIsADirectoryError(f"read_file: {path}: Is a directory")
         try:
             with open(host, "rb") as f:
                 return f.read()
-        except FileNotFoundError as e:
-            raise SandboxFileNotFoundError(f"no such file in sandbox: {path}") from e
         except OSError as e:
-            raise SandboxError(f"read_file({path}): {e}") from e
+            raise _file_error("read_file", path, e) from e
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self._check_open()
         host = self._host(path)
-        if path.endswith("/") or host == self.root:
-            raise SandboxError(f"write_file: {path!r} names a directory")
+        if path.endswith("/") or host == self.root or os.path.isdir(host):
+            raise SandboxIsADirectoryError(f"write_file: {path}: Is a directory")
         payload = data.encode() if isinstance(data, str) else bytes(data)
         try:
             os.makedirs(os.path.dirname(host), exist_ok=True)
@@ -167,7 +177,7 @@ class LocalSandbox:
                 f.write(payload)
             os.chmod(host, mode)
         except OSError as e:
-            raise SandboxError(f"write_file({path}): {e}") from e
+            raise _file_error("write_file", path, e) from e
 
     # -- snapshot / fork ------------------------------------------------------------------
     def snapshot(self, tag: str | None = None) -> str:
@@ -192,11 +202,62 @@ class LocalSandbox:
         return child
 
     # -- lifecycle ------------------------------------------------------------------------
+    def alive(self) -> bool:
+        """True unless closed (the host is the sandbox)."""
+        return not self._closed
+
+    def prepare(self) -> None:
+        """Ready for the next episode: kill the processes this sandbox's commands left behind
+        (found by `HORIZON_SANDBOX_ROOT` in their environment), empty its /tmp."""
+        self._check_open()
+        for _ in range(20):   # a process may fork while we kill: repeat until none is left
+            pids = _processes_with_env(f"HORIZON_SANDBOX_ROOT={self.root}")
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.02)
+        else:
+            raise SandboxInfraError(f"prepare: processes of local sandbox {self.root} survive SIGKILL")
+        self._close_dangling()
+        tmp = self._host("/tmp")
+        if os.path.isdir(tmp):
+            for name in os.listdir(tmp):
+                p = os.path.join(tmp, name)
+                if os.path.isdir(p) and not os.path.islink(p):
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    try:
+                        os.unlink(p)
+                    except OSError:
+                        pass
+        os.makedirs(tmp, exist_ok=True)
+
+    def _close_dangling(self) -> None:
+        """Close the pipes of earlier execs once their escaped children are gone."""
+        keep = []
+        for reader, pipe in self._dangling:
+            reader.join(0.5)
+            if reader.is_alive():
+                keep.append((reader, pipe))
+            else:
+                pipe.close()
+        self._dangling = keep
+
     def close(self) -> None:
-        """Delete the root and snapshots. Idempotent."""
+        """Delete the root and snapshots (and kill processes left behind). Idempotent."""
         if self._closed:
             return
         self._closed = True
+        for pid in _processes_with_env(f"HORIZON_SANDBOX_ROOT={self.root}"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._close_dangling()
         for d in [self.root, *self._snapshots]:
             shutil.rmtree(d, ignore_errors=True)
         self._snapshots.clear()
@@ -209,6 +270,37 @@ class LocalSandbox:
 
     def __repr__(self) -> str:
         return f"LocalSandbox({self.root!r}, {'closed' if self._closed else 'open'}, UNISOLATED)"
+
+
+def _file_error(op: str, path: str, e: OSError) -> SandboxError:
+    msg = f"{op}: {path}: {e.strerror or e}"
+    if isinstance(e, FileNotFoundError):
+        return SandboxFileNotFoundError(msg)
+    if isinstance(e, PermissionError):
+        return SandboxPermissionError(msg)
+    if isinstance(e, IsADirectoryError):
+        return SandboxIsADirectoryError(msg)
+    return SandboxError(msg)
+
+
+def _processes_with_env(entry: str) -> list[int]:
+    """Pids (not ours) whose environment holds `entry` ("KEY=value"); [] without /proc."""
+    want, me, pids = entry.encode(), os.getpid(), []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if want in env.split(b"\0"):
+            pids.append(int(name))
+    return pids
 
 
 def _drain(pipe, buf: OutputBuffer) -> None:

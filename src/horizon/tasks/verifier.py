@@ -29,6 +29,7 @@ import dataclasses
 import re
 import unicodedata
 
+from horizon.sandbox.base import SandboxInfraError
 from horizon.tasks.recall import ANSWER_PATH
 from horizon.tasks.task import Task
 
@@ -45,6 +46,11 @@ class VerifyResult:
     passed: int
     total: int
     output: str
+    infra_error: str = ""       # non-empty: the sandbox failed, `reward` means nothing (never trained on)
+
+    @property
+    def infra(self) -> bool:
+        return bool(self.infra_error)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,10 +177,14 @@ def _verify_tests(task: Task, sandbox, timeout: float) -> VerifyResult:
 
 def verify(task: Task, sandbox, final_answer: str = "", timeout: float = DEFAULT_VERIFY_TIMEOUT_S, *,
            check_edits: bool = True) -> VerifyResult:
-    """Score `sandbox`'s final state for `task` (module docstring); never raises on sandbox errors."""
+    """Score `sandbox`'s final state for `task` (module docstring); never raises on sandbox errors.
+    A dead or unusable sandbox (`SandboxInfraError`) is not a score: the result carries
+    `infra_error` and the caller retries the episode (issue 21: infrastructure is not the policy)."""
     try:
         if task.reward_mode == "answer":
             return _verify_answer(task, sandbox, final_answer, check_edits, timeout)
         return _verify_tests(task, sandbox, timeout)
+    except SandboxInfraError as e:
+        return VerifyResult(0.0, 0, 0, f"[verifier] sandbox failed: {e}", infra_error=str(e) or type(e).__name__)
     except Exception as e:  # noqa: BLE001 - a broken sandbox scores 0, it does not crash the trainer
         return VerifyResult(0.0, 0, 0, f"[verifier] error: {type(e).__name__}: {e}")

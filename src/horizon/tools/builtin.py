@@ -4,14 +4,24 @@ Every tool acts only through the `Sandbox` protocol (`exec` / `read_file` / `wri
 so the same code runs against Docker and the local fallback. Semantics follow the
 str_replace editor users know (REFERENCES.md "Docker sandboxes"): absolute paths,
 `cat -n` numbering, `create` refuses to overwrite, `str_replace` must match exactly once.
-Failures raise `ToolArgError`, which the registry turns into observation text.
+Failures raise `ToolArgError`, which the registry turns into observation text; a sandbox that
+refuses a file operation (permission, missing file) is such a failure. `SandboxInfraError`
+(the sandbox or engine failed) and `SandboxResourceError` (a budget was exceeded) are never
+turned into text here: they propagate and end the episode (issue 21).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
-from horizon.sandbox.base import SandboxError
+from horizon.sandbox.base import (
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxInfraError,
+    SandboxIsADirectoryError,
+    SandboxResourceError,
+)
 from horizon.tools.registry import Param, Tool, ToolArgError, ToolContext, ToolRegistry
 
 SNIPPET_CONTEXT_LINES = 4
@@ -19,27 +29,49 @@ TODO_STATUSES = ("pending", "in_progress", "completed")
 
 
 def _abs(path: str) -> str:
+    if "\x00" in path:
+        raise ToolArgError(f"path must not contain a NUL byte, got {path!r:.200}")
     if not path.startswith("/"):
         raise ToolArgError(f"path must be absolute (e.g. /workspace/{path.lstrip('./')}), got {path!r}")
     return path
+
+
+_PASS_THROUGH = (SandboxInfraError, SandboxResourceError)   # end the episode: never observation text
 
 
 def _exists(ctx: ToolContext, path: str) -> bool:
     return ctx.sandbox.exec(f"test -e {shlex.quote(path)}", timeout=ctx.timeout_s, workdir="/").exit_code == 0
 
 
-def _is_dir(ctx: ToolContext, path: str) -> bool:
-    return ctx.sandbox.exec(f"test -d {shlex.quote(path)}", timeout=ctx.timeout_s, workdir="/").exit_code == 0
-
-
 def _read_text(ctx: ToolContext, path: str) -> str:
-    if _is_dir(ctx, path):
-        raise ToolArgError(f"{path} is a directory; use list_dir")
     try:
         data = ctx.sandbox.read_file(path)
-    except (SandboxError, FileNotFoundError, OSError) as e:
-        raise ToolArgError(f"cannot read {path}: file does not exist or is unreadable ({e})") from None
+    except _PASS_THROUGH:
+        raise
+    except (SandboxIsADirectoryError, IsADirectoryError):
+        raise ToolArgError(f"{path} is a directory; use list_dir") from None
+    except (SandboxFileNotFoundError, FileNotFoundError):
+        raise ToolArgError(f"cannot read {path}: file does not exist") from None
+    except (SandboxError, OSError) as e:
+        raise ToolArgError(_sandbox_detail(e, "read_file", f"cannot read {path}")) from None
     return data.decode("utf-8", errors="replace")
+
+
+def _write_text(ctx: ToolContext, path: str, text: str) -> None:
+    try:
+        ctx.sandbox.write_file(path, text)
+    except _PASS_THROUGH:
+        raise
+    except (SandboxError, OSError) as e:
+        raise ToolArgError(_sandbox_detail(e, "write_file", f"cannot write {path}")) from None
+
+
+def _sandbox_detail(e: Exception, op: str, context: str) -> str:
+    """A sandbox file error as the model should read it: "/etc/shadow: Permission denied" (like
+    cat's), with `context` in front only when the message does not name the file itself."""
+    detail = str(e)
+    detail = detail[len(op) + 2:] if detail.startswith(f"{op}: ") else detail
+    return detail if re.match(r"/|[\w.-]+: ", detail) else f"{context}: {detail}"
 
 
 def number_lines(lines: list[str], start: int = 1) -> str:
@@ -82,7 +114,7 @@ def edit_file(ctx: ToolContext, command: str, path: str, old_str: str | None = N
         if _exists(ctx, path):
             raise ToolArgError(f"File already exists at: {path}. Cannot overwrite files using command "
                                "`create`; use `str_replace`.")
-        ctx.sandbox.write_file(path, file_text)
+        _write_text(ctx, path, file_text)
         return f"File created successfully at: {path}"
     if command == "str_replace":
         if old_str is None:
@@ -103,7 +135,7 @@ def edit_file(ctx: ToolContext, command: str, path: str, old_str: str | None = N
         new = new_str or ""
         at = text.find(old_str)
         out = text[:at] + new + text[at + len(old_str):]
-        ctx.sandbox.write_file(path, out)
+        _write_text(ctx, path, out)
         first = text.count("\n", 0, at) + 1
         return (f"The file {path} has been edited. Here's a snippet of the edited file:\n"
                 f"{_snippet(out, first, new.count(chr(10)))}")
@@ -120,7 +152,7 @@ def edit_file(ctx: ToolContext, command: str, path: str, old_str: str | None = N
         new_lines = new_str.split("\n")
         out_lines = lines[:insert_line] + new_lines + lines[insert_line:]
         out = "\n".join(out_lines) + ("\n" if trailing_nl or not text else "")
-        ctx.sandbox.write_file(path, out)
+        _write_text(ctx, path, out)
         return (f"The file {path} has been edited. Here's a snippet of the edited file:\n"
                 f"{_snippet(out, insert_line + 1, len(new_lines) - 1)}")
     raise ToolArgError(f"unknown command {command!r}; use one of ['str_replace', 'create', 'insert']")
@@ -154,13 +186,18 @@ def list_dir(ctx: ToolContext, path: str = "/workspace", depth: int = 2) -> str:
     path = _abs(path)
     if depth < 1:
         raise ToolArgError(f"depth must be >= 1, got {depth}")
-    if not _is_dir(ctx, path):
-        raise ToolArgError(f"{path} is not a directory")
     q = shlex.quote(path)
+    # One exec: exit 3 = not a directory, 4 = the directory itself cannot be listed (an error);
+    # unreadable subdirectories only add find's "Permission denied" lines to the listing.
     res = ctx.sandbox.exec(
+        f"[ -d {q} ] || exit 3; [ -r {q} ] && [ -x {q} ] || exit 4; "
         f"find {q} -mindepth 1 -maxdepth {int(depth)} -name '.*' -prune -o "
         f"-type d -printf '%p/\\n' -o -printf '%p\\n' | LC_ALL=C sort",
         timeout=ctx.timeout_s, workdir="/")
+    if res.exit_code == 3:
+        raise ToolArgError(f"{path} is not a directory")
+    if res.exit_code == 4:
+        raise ToolArgError(f"cannot list {path}: Permission denied")
     if res.exit_code != 0:
         raise ToolArgError(f"list_dir failed: {res.output.strip()}")
     body = res.output.rstrip("\n")

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any, Callable, Sequence
 
-from horizon.sandbox.base import TRUNCATION_MARKER, Sandbox
+from horizon.sandbox.base import TRUNCATION_MARKER, Sandbox, SandboxInfraError, SandboxResourceError
 
 PARAM_TYPES = ("str", "int", "list", "bool")
 
@@ -185,7 +185,9 @@ class ToolRegistry:
             error = False
         except ToolArgError as e:
             out, error = f"Error: {e}", True
-        except Exception as e:  # sandbox errors etc. go back to the model as text
+        except (SandboxInfraError, SandboxResourceError):
+            raise   # not an observation: the episode ends ("infra" / "resource"), SPEC §4 infra vs policy
+        except Exception as e:  # the policy's own failures (missing file, bad command) go back as text
             out, error = f"Error: {name} failed: {type(e).__name__}: {e}", True
         return ToolResult(truncate_text(out, ctx.max_observation_bytes), error=error)
 

@@ -7,15 +7,116 @@ position is all the pipeline needs to resume; restoring the state and reading ba
 reproduces the uninterrupted run bit for bit. Orbax writes into a temporary directory
 and renames it on commit, so a process killed mid-save leaves the previous checkpoint
 as the latest one.
+
+Integrity (issue "infrastructure failures never kill a run", part 4): orbax does not checksum its
+data files (16 overwritten bytes restore as garbage values without an error), so every committed
+step gets a manifest, `MANIFEST_NAME` in the step directory: relative path, size and sha256 of every
+file of the step. `Checkpointer` saves synchronously and writes the manifest right after
+`wait_until_finished`, i.e. once orbax has committed (renamed) the step; a process killed in
+between leaves a committed step without a manifest. Every restore verifies the step first. A step
+without a manifest (written before manifests existed, or killed in that window) is restored
+unverified with a logged warning: backward compatible. A corrupt step (a listed file missing,
+its size or sha256 different, or an unreadable manifest) is `CheckpointCorruptError` when the
+caller named the step; "latest" restores (`restore_latest`, `restore_params`) log one line naming
+the step and its first bad file and fall back to the newest intact older step, raising only when
+no step is intact. `save` of a step number that exists but is corrupt replaces it (the run redoes
+the steps it fell back over).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import pathlib
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import orbax.checkpoint as ocp
+
+from horizon.utils.files import TMP_MARK, atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "horizon_checksums.json"   # a file, not a directory: orbax takes only dirs as items
+MANIFEST_FORMAT = 1                        # bump when the manifest's fields change
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint step whose files do not match its checksum manifest, or no intact step left."""
+
+
+def _sha256(path: pathlib.Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _step_dir(directory: pathlib.Path, step: int) -> pathlib.Path:
+    """Orbax's directory of `step` under its default step name format (the bare step number)."""
+    return directory / str(step)
+
+
+def _data_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Every file of a step except the manifest and leftovers of its atomic write, sorted."""
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
+                  and not (p.name.startswith(f".{MANIFEST_NAME}") and TMP_MARK in p.name))
+
+
+def write_manifest(step_dir: pathlib.Path) -> None:
+    """Write the checksum manifest of a committed step (module docstring)."""
+    files = {p.relative_to(step_dir).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in _data_files(step_dir)}
+    body = {"format": MANIFEST_FORMAT, "algorithm": "sha256", "files": files}
+    atomic_write_bytes(step_dir / MANIFEST_NAME, json.dumps(body, indent=1, sort_keys=True).encode())
+
+
+def _first_bad_file(step_dir: pathlib.Path, files: dict) -> str | None:
+    """'<relpath>: <why>' of the first listed file (path order) that is missing or differs; None if all match."""
+    for rel in sorted(files):
+        want, p = files[rel], step_dir / rel
+        if not p.is_file():
+            return f"{rel}: missing"
+        if p.stat().st_size != want["size"]:
+            return f"{rel}: size {p.stat().st_size} != {want['size']} in the manifest"
+        if _sha256(p) != want["sha256"]:
+            return f"{rel}: sha256 differs from the manifest"
+    return None
+
+
+def verify_step(directory: str | pathlib.Path, step: int) -> bool:
+    """Check checkpoint `step` of `directory` against its manifest. True: intact; False: no manifest
+    (unverified, allowed, warning logged); `CheckpointCorruptError` (one line: step, first bad file) otherwise."""
+    step_dir = _step_dir(pathlib.Path(directory), step)
+    manifest = step_dir / MANIFEST_NAME
+    if not manifest.is_file():
+        log.warning("checkpoint %s has no %s (written before checksum manifests): unverified, used as is",
+                    step_dir, MANIFEST_NAME)
+        return False
+    try:
+        body = json.loads(manifest.read_bytes())
+        files = body["files"] if body.get("format") == MANIFEST_FORMAT else None
+        bad = _first_bad_file(step_dir, files) if isinstance(files, dict) else f"{MANIFEST_NAME}: unknown format"
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        bad = f"{MANIFEST_NAME}: unreadable ({type(e).__name__})"
+    if bad is not None:
+        raise CheckpointCorruptError(f"checkpoint step {step} in {step_dir.parent} is corrupt: {bad}")
+    return True
+
+
+def latest_intact_step(directory: str | pathlib.Path, steps: Iterable[int]) -> int | None:
+    """The newest of `steps` that verifies (or has no manifest), logging one line per corrupt newer
+    step; None when `steps` is empty; `CheckpointCorruptError` naming every step when none is intact."""
+    problems = []
+    for step in sorted(steps, reverse=True):
+        try:
+            verify_step(directory, step)
+            return step
+        except CheckpointCorruptError as e:
+            log.error("%s; trying an older step", e)
+            problems.append(str(e))
+    if problems:
+        raise CheckpointCorruptError(f"no intact checkpoint in {directory}: " + "; ".join(problems))
+    return None
 
 
 class Checkpointer:
@@ -39,13 +140,27 @@ class Checkpointer:
         if not (force or self.should_save(step)):
             return False
         if step in self.all_steps():
-            return False
+            if self._intact(step):
+                return False
+            log.error("replacing corrupt checkpoint step %d in %s", step, self.directory)
+            self._mngr.delete(step)
         self._mngr.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta))), force=True)
-        self._mngr.wait_until_finished()
+        self._mngr.wait_until_finished()   # committed (renamed) on disk: now checksum it
+        if jax.process_index() == 0:
+            write_manifest(_step_dir(self.directory, step))
+        return True
+
+    def _intact(self, step: int) -> bool:
+        """Whether existing `step` verifies (a step without a manifest counts as intact)."""
+        try:
+            verify_step(self.directory, step)
+        except CheckpointCorruptError:
+            return False
         return True
 
     def latest_step(self) -> int | None:
+        """The newest step on disk, unverified (`restore_latest` skips corrupt ones)."""
         return self._mngr.latest_step()
 
     def all_steps(self) -> list[int]:
@@ -54,7 +169,12 @@ class Checkpointer:
     def restore(self, step: int, target: Any) -> tuple[Any, dict]:
         """Restore checkpoint `step` into the structure/dtypes of `target` (arrays or
         `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape` of the init function) and onto its
-        shardings where it has them: a state saved on one mesh restores onto another (SPEC §2)."""
+        shardings where it has them: a state saved on one mesh restores onto another (SPEC §2).
+        The step is verified first: `CheckpointCorruptError` if it is corrupt (no fallback for a named step)."""
+        verify_step(self.directory, step)
+        return self._restore_unverified(step, target)
+
+    def _restore_unverified(self, step: int, target: Any) -> tuple[Any, dict]:
         abstract = jax.tree_util.tree_map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
             if hasattr(x, "shape") else x, target)
@@ -63,9 +183,10 @@ class Checkpointer:
         return out["state"], dict(out["meta"])
 
     def restore_latest(self, target: Any) -> tuple[Any, dict] | None:
-        """(state, meta) of the newest checkpoint, or None if there is none."""
-        step = self.latest_step()
-        return None if step is None else self.restore(step, target)
+        """(state, meta) of the newest intact checkpoint (corrupt newer steps are logged and skipped,
+        module docstring), or None if there is none; `CheckpointCorruptError` if every step is corrupt."""
+        step = latest_intact_step(self.directory, self.all_steps())
+        return None if step is None else self._restore_unverified(step, target)
 
     def close(self) -> None:
         self._mngr.wait_until_finished()
@@ -83,7 +204,8 @@ def restore_params(directory: str | pathlib.Path, model_cfg) -> tuple[Any, dict]
     `params` (an lm TrainState, an RL RLState, or a dict): the one checkpoint-to-params loader
     (SFT warm starts, eval, the async runtime). The tree and every shape must match
     `model_cfg`'s params (one-line `ValueError` otherwise); values are cast to its dtypes.
-    `FileNotFoundError` when the directory or its steps are missing. meta gets `step` and `source`."""
+    `FileNotFoundError` when the directory or its steps are missing. The newest intact step is read
+    (`latest_intact_step`; `CheckpointCorruptError` if none). meta gets `step` and `source`."""
     from horizon.model import transformer
 
     path = pathlib.Path(directory).resolve()
@@ -93,7 +215,7 @@ def restore_params(directory: str | pathlib.Path, model_cfg) -> tuple[Any, dict]
                                  item_handlers=dict(state=ocp.StandardCheckpointHandler(),
                                                     meta=ocp.JsonCheckpointHandler()))
     try:
-        step = mngr.latest_step()
+        step = latest_intact_step(path, mngr.all_steps())   # corrupt newer steps: logged, skipped
         if step is None:
             raise FileNotFoundError(f"no checkpoint steps in {path}")
         # onto this process's default device, whatever mesh wrote it (the caller's run places the

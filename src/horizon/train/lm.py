@@ -41,6 +41,7 @@ def validate_train_config(c: ml_collections.ConfigDict) -> None:
     import math
     import pathlib
 
+    from horizon.data.tokenizer import validate_tokenizer
     from horizon.parallel.mesh import validate_mesh
     from horizon.utils.config import need, need_float, need_int
 
@@ -67,8 +68,7 @@ def validate_train_config(c: ml_collections.ConfigDict) -> None:
     need(root.is_dir(), "data.root", d.root, "no such directory")
     for src in d.sources:
         need((root / src).exists(), "data.sources", src, f"no such file or directory under {root}")
-    need(d.tokenizer == "byte" or pathlib.Path(str(d.tokenizer)).exists(), "data.tokenizer", d.tokenizer,
-         "must be 'byte' or a local tokenizer path")
+    validate_tokenizer(c.model)
     optim.validate_optim_config(t, "train", need_int(t, "steps", "train", lo=1), "train.steps")
     for k in ("log_every", "eval_every", "eval_batches", "checkpoint_every", "max_checkpoints"):
         need_int(t, k, "train", lo=1)

@@ -110,8 +110,10 @@ def field_lines(c: ml_collections.ConfigDict, prefix: str = "config") -> list[st
 
 
 def load(argv: list[str] | None, *, default: str, validate: Callable[[ml_collections.ConfigDict], None],
-         doc: str = "", prog: str = "") -> ml_collections.ConfigDict:
-    """`parse` then `validate`; on bad input print one line and exit 2 (see the module docstring)."""
+         doc: str = "", prog: str = "", derive: Callable[[ml_collections.ConfigDict], None] | None = None
+         ) -> ml_collections.ConfigDict:
+    """`parse`, then `derive` (fields computed from others, e.g. `hf_import.apply_init_from`), then
+    `validate`; on bad input print one line and exit 2 (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or pathlib.Path(sys.argv[0]).name
     if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv):
@@ -125,6 +127,8 @@ def load(argv: list[str] | None, *, default: str, validate: Callable[[ml_collect
         raise SystemExit(0)
     try:
         c = parse(argv, default=default)
+        if derive is not None:
+            derive(c)
         validate(c)
     except ConfigError as e:
         fail(str(e), prog)

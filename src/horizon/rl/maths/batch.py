@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 from horizon.rl.maths import losses
 
 # end reasons (horizon.agent.rollout) that mean "cut by a length/step limit"
@@ -59,15 +59,17 @@ def build_batch(
     num_moe_layers: int,
     experts_per_tok: int,
     std_normalize: bool = False,
+    std_unbiased: bool = True,
     adv_std_eps: float = 1e-6,
     min_rows: int = 8,
     min_seq: int = 64,
     min_groups: int = 1,
     max_seq: int | None = None,
     truncated_reasons: Sequence[str] = DEFAULT_TRUNCATED_REASONS,
-    pad_id: int = ByteTokenizer.PAD,
+    pad_id: int,
 ) -> dict[str, np.ndarray]:
-    """Lay out groups of chains as padded trainer rows (module docstring; SPEC §4)."""
+    """Lay out groups of chains as padded trainer rows (module docstring; SPEC §4); `pad_id` (the
+    tokenizer's) fills positions past each row's tokens."""
     if not groups:
         raise ValueError("need at least one group")
     G = len(groups[0])
@@ -128,7 +130,8 @@ def build_batch(
             replay[:, r, :n] = ri
         row_chain[r], row_segment[r], row_group[r], truncated[r] = ci, si, gi, trunc
 
-    chain_adv = np.asarray(losses.group_advantages(rew, std_normalize=std_normalize, eps=adv_std_eps),
+    chain_adv = np.asarray(losses.group_advantages(rew, std_normalize=std_normalize, std_unbiased=std_unbiased,
+                                                   eps=adv_std_eps),
                            np.float32).reshape(-1)
     advantages = np.asarray(losses.broadcast_chain_advantages(chain_adv, row_chain), np.float32)
     group_rewards = np.zeros((Nb, G), np.float32)
@@ -152,8 +155,7 @@ ROW_FIELDS = dict(tokens=None, valid=False, loss_mask=False, sampler_logprobs=0.
                   advantages=0.0, row_chain=-1, row_segment=0, row_group=-1, truncated=False)
 
 
-def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *,
-                       pad_id: int = ByteTokenizer.PAD) -> dict[str, np.ndarray]:
+def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *, pad_id: int) -> dict[str, np.ndarray]:
     """`build_batch`'s rows regrouped into M micro-batches of `micro_rows` rows each, stacked on a
     new leading axis ([M, micro_rows, S], replay [M, L, micro_rows*S, k]), for the trainer's
     gradient accumulation (`horizon.rl.maths.trainer`): the step's activation memory then scales with
@@ -227,13 +229,14 @@ def build_batch_from_config(groups, rewards, cfg) -> dict[str, np.ndarray]:
     from horizon.model import transformer
 
     m, rl = cfg.model, cfg.rl
+    pad = tokenizer_from_config(cfg).pad_id
     b = build_batch(
         groups, rewards, num_moe_layers=transformer.layer_counts(m)[1], experts_per_tok=m.num_experts_per_tok,
-        std_normalize=bool(rl.std_normalize), adv_std_eps=float(rl.adv_std_eps),
+        std_normalize=bool(rl.std_normalize), std_unbiased=bool(rl.std_unbiased), adv_std_eps=float(rl.adv_std_eps),
         min_rows=int(rl.batch.min_rows), min_seq=int(rl.batch.min_seq), min_groups=int(rl.batch.min_groups),
-        max_seq=int(m.max_seq_len), truncated_reasons=tuple(rl.batch.truncated_reasons))
+        max_seq=int(m.max_seq_len), truncated_reasons=tuple(rl.batch.truncated_reasons), pad_id=pad)
     micro = int(rl.batch.get("micro_rows", 0) or 0)
-    return split_microbatches(b, micro) if micro > 0 else b
+    return split_microbatches(b, micro, pad_id=pad) if micro > 0 else b
 
 
 def batch_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:

@@ -65,11 +65,22 @@ def mean_group_max(x: Float[Array, "groups k"], valid: Float[Array, " groups"] |
     return (m * valid).sum() / jnp.maximum(valid.sum(), 1.0)
 
 
+def group_std(grouped: Float[Array, "groups k"], *, unbiased: bool = True) -> Float[Array, "groups 1"]:
+    """Per-group std ``sqrt(Σ (x - mean)^2 / (k - ddof))`` with Bessel's ``ddof = 1`` when `unbiased`
+    (``torch.std``'s default, hence verl's and TRL's GRPO), else the population ``ddof = 0`` (issue 22).
+    A group of one has std 0 either way (no division by ``k - ddof = 0``)."""
+    k = grouped.shape[1]
+    ddof = int(unbiased)
+    dev = grouped - grouped.mean(axis=1, keepdims=True)
+    return jnp.sqrt(jnp.sum(dev * dev, axis=1, keepdims=True) / max(k - ddof, 1))
+
+
 def group_advantages(
     rewards: Float[Array, "n"] | Float[Array, "groups group_size"],
     *,
     group_size: int | None = None,
     std_normalize: bool = False,
+    std_unbiased: bool = True,
     eps: float = 1e-6,
 ) -> Float[Array, "n"] | Float[Array, "groups group_size"]:
     """Reward minus its group mean (SPEC §4, Dr.GRPO); same shape as ``rewards``.
@@ -77,7 +88,10 @@ def group_advantages(
     ``rewards`` is ``[groups, group_size]`` or flat ``[groups*group_size]`` (consecutive
     entries form a group; then ``group_size`` is required). ``std_normalize`` divides by
     the group std (+``eps``): original GRPO, kept only as an ablation because it
-    over-weights tiny differences in groups that are all equally correct.
+    over-weights tiny differences in groups that are all equally correct. The std is
+    `group_std`: unbiased (verl's ``(r - mean) / (torch.std + eps)``) unless
+    ``std_unbiased=False`` (population). A group of one gets advantage 0 (verl instead
+    passes its raw reward through), as does any group whose std and ``eps`` are both 0.
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     flat = rewards.ndim == 1
@@ -95,7 +109,8 @@ def group_advantages(
         raise ValueError(f"rewards must be 1-D or 2-D, got shape {rewards.shape}")
     adv = grouped - grouped.mean(axis=1, keepdims=True)
     if std_normalize:
-        adv = adv / (grouped.std(axis=1, keepdims=True) + eps)
+        denom = group_std(grouped, unbiased=std_unbiased) + eps
+        adv = adv / jnp.where(denom > 0, denom, 1.0)  # denom 0 -> every deviation is 0 -> advantage 0
     return adv.reshape(rewards.shape)
 
 

@@ -65,14 +65,12 @@ import ml_collections
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
 from horizon.rl.maths.batch import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
 
-_TOK = ByteTokenizer()
-DEFAULT_STOP_TOKENS = (_TOK.END_TURN, _TOK.EOS)
 KV_MODES = ("keep", "recompute")
 
 
@@ -186,7 +184,7 @@ def generate(
     max_new_tokens: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    stop_tokens: Sequence[int] = DEFAULT_STOP_TOKENS,
+    stop_tokens: Sequence[int] | None = None,
     min_batch_bucket: int = 1,
     min_prompt_bucket: int = 16,
     min_new_bucket: int = 16,
@@ -203,11 +201,14 @@ def generate(
     conventions. Deterministic in `key`. Tokens are tagged with `version`; or, with
     `poll() -> (params, version)` (and `params=None`), weights come from `poll` and may switch
     every `chunk_tokens` steps (in-flight updates, module docstring; `kv_mode` "keep" |
-    "recompute"). Decode steps run on device in chunks (`decode_chunk`) of `sync_tokens` steps
+    "recompute"). `stop_tokens` default to the model tokenizer's (`model.tokenizer`: end of turn,
+    EOS); prompts are padded with its pad id. Decode steps run on device in chunks (`decode_chunk`) of `sync_tokens` steps
     (`chunk_tokens` with `poll`), one host sync each: a batch whose rows have all stopped may
     compute up to a chunk of steps that are thrown away, the price of not syncing every token.
     """
     mesh = pmesh.run_mesh(cfg)
+    tok_ = tokenizer_from_config(cfg)
+    stop_tokens = tok_.stop_ids if stop_tokens is None else tuple(stop_tokens)
     place = None
     if mesh is not None:
         cfg = sharded.sampling_config(cfg)
@@ -245,7 +246,7 @@ def generate(
     B = bucket(n, min_batch_bucket)
     P = bucket(lens.max(), min_prompt_bucket)
     N = bucket(max_new_tokens, min_new_bucket)
-    toks = np.full((B, P), _TOK.PAD, np.int32)
+    toks = np.full((B, P), tok_.pad_id, np.int32)
     for i, p in enumerate(prompts):
         toks[i, : len(p)] = p
     lens_b = np.ones((B,), np.int32)
@@ -286,7 +287,7 @@ def generate(
                 switches += 1
                 if kv_mode == "recompute":
                     key, cache, tok, lp = _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, P + N, key,
-                                                     temp, tp, mcfg, place)
+                                                     temp, tp, mcfg, place, tok_.pad_id)
                     tok_version = version
         # feed tokens j .. j+K-1 (records their routing), sampling each next one
         cache, tok, lp, key, fed, fed_lp, fed_ri = decode_chunk(params, cache, tok, lp, lens_j, jnp.int32(j), key,
@@ -334,13 +335,13 @@ def lower_decode_step(params, cfg, batch: int, max_len: int):
                              jnp.float32(0.0), jnp.float32(1.0), cfg=mcfg).compile()
 
 
-def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp, mcfg, place):
+def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp, mcfg, place, pad_id):
     """kv_mode="recompute" at a weight switch: prefill prompt + generated tokens with the new
     weights, sample the pending token again, and overwrite the generated tokens' routing with
     the new prefill's (in place in `out_ri`). Returns (key, cache, tok, lp)."""
     B, P = toks.shape
     L_moe, k = out_ri.shape[0], out_ri.shape[-1]
-    full = np.full((B, total), _TOK.PAD, np.int32)
+    full = np.full((B, total), pad_id, np.int32)
     full[:, :P] = toks
     for i in range(B):
         full[i, lens_b[i]: lens_b[i] + m[i]] = out_tok[i, : m[i]]

@@ -193,7 +193,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
                          publish=[dict(version=s.version, kind=s.kind, ratio=s.ratio, bytes=s.file_bytes,
                                        seconds=s.seconds) for s in stats[-2:]],
                          **{k: m[k] for k in m if k in ("loss", "grad_norm", "entropy", "sampler_logprob_diff")
-                            or k.startswith("pack/")}))
+                            or k.startswith(("pack/", "infra/"))}))
     apub.close()
     ckpt.close()
     _jsonl(log, dict(event="done", pid=os.getpid(), step=num_steps, time=time.time()))
@@ -206,12 +206,12 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
     _setup_jax(cfg)
     import jax  # noqa: PLC0415
 
-    from horizon.data.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from horizon.data.tokenizer import tokenizer_from_config  # noqa: PLC0415
     from horizon.rl.runtime import workers  # noqa: PLC0415
 
     a = cfg.async_
     run = pathlib.Path(run_dir)
-    tok = ByteTokenizer(int(cfg.model.vocab_size))
+    tok = tokenizer_from_config(cfg)
     template = jax.eval_shape(lambda: numpy_init(cfg.model, 0))
     source = workers.WeightSource(run / "weights", template, min_interval_s=float(a.weight_poll_interval_s))
     store = storage.GroupStore(run / "groups")
@@ -297,7 +297,7 @@ def sync_main(cfg, run_dir: str) -> None:
     run_dir/metrics.jsonl, checkpointing to run_dir/ckpt and keeping its groups in run_dir/groups
     (the async layout); run it with `run_child`."""
     _setup_jax(cfg)
-    from horizon.data.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from horizon.data.tokenizer import tokenizer_from_config  # noqa: PLC0415
     from horizon.rl.runtime import loop, workers  # noqa: PLC0415
 
     run = pathlib.Path(run_dir)
@@ -305,7 +305,7 @@ def sync_main(cfg, run_dir: str) -> None:
     env = workers.ENVS[runtime.env_name(cfg)](cfg)
     log = loop.JsonlLog(run / "metrics.jsonl")
     try:
-        loop.run_rl(initial_params(cfg), env, cfg, ByteTokenizer(int(cfg.model.vocab_size)), run, log,
+        loop.run_rl(initial_params(cfg), env, cfg, tokenizer_from_config(cfg), run, log,
                     store=storage.GroupStore(run / "groups"))
     finally:
         env.close()

@@ -15,6 +15,12 @@ groups and reach identical params (tests/rl/test_one_loop.py).
   slots (`rl.slots_per_batch`, 0 = the whole step); one batch is one batched generation
   (`rollout_groups`) whose sampling key is ``fold_in(run_keys(seed)["rollout"], first slot)``:
   the same batch gets the same samples in every loop and after every restart.
+- **Infrastructure failures** (issue 21) never reach the trainer: the env reruns a group whose
+  sandbox failed (`rl.infra.group_retries`); a group still failing is replaced in `rollout_groups`
+  by the group of a fresh prompt from the slot's reserve (`rl.infra.replacements` prompts per slot,
+  drawn past the run's prompt set, so no prompt is trained twice and both loops replace alike).
+  Every step therefore trains exactly `rl.prompts_per_step` groups; each `GroupRecord.infra`
+  counts what it took (`INFRA_KEYS`, summed into the step's metrics by `train_groups`).
 - **Training.** `train_groups` builds the batch of a step's groups in slot order
   (`batch.build_batch_from_config`), packs its rows over the mesh's data-parallel ranks
   (`pack_rows`, SPEC §2 global sequence packing) and takes one `trainer.train_step` (on the run's
@@ -24,6 +30,7 @@ groups and reach identical params (tests/rl/test_one_loop.py).
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -50,16 +57,17 @@ def env_name(cfg) -> str:
     return str(cfg.async_.env) if "async_" in cfg else "experiment"
 
 
-def prompt_ids(cfg, total: int) -> list[str]:
-    """The RL prompt set of `total` prompts: toy ids, or the experiment family's train seeds after
-    the `exp.n_sft_tasks` SFT ones (ids `workers.experiment_prompt_id`)."""
+def prompt_ids(cfg, total: int, start: int = 0) -> list[str]:
+    """`total` prompts of the run's prompt sequence from index `start`: toy ids, or the experiment
+    family's train seeds after the `exp.n_sft_tasks` SFT ones (ids `workers.experiment_prompt_id`).
+    The RL prompt set of a run of S steps is indices [0, S * N); the slots' reserves follow it."""
     if env_name(cfg) == "toy":
-        a = cfg.async_
-        return [f"toy_{i}" for i in range(int(a.prompt_start), int(a.prompt_start) + total)]
+        first = int(cfg.async_.prompt_start) + int(start)
+        return [f"toy_{i}" for i in range(first, first + total)]
     from horizon.env.families import family_from_config  # noqa: PLC0415
     from horizon.rl.runtime.workers import experiment_prompt_id  # noqa: PLC0415
 
-    seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks))
+    seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks) + int(start))
     return [experiment_prompt_id(str(cfg.exp.env), s) for s in seeds]
 
 
@@ -73,7 +81,7 @@ def policy_key(cfg, first_slot: int):
 def group_advantages(rs: Sequence[float], cfg) -> list[float]:
     """Dr.GRPO advantages of one group (what `build_batch` will compute), for the group store."""
     a = losses.group_advantages(np.asarray([rs], np.float32), std_normalize=bool(cfg.rl.std_normalize),
-                                eps=float(cfg.rl.adv_std_eps))
+                                std_unbiased=bool(cfg.rl.std_unbiased), eps=float(cfg.rl.adv_std_eps))
     return [float(x) for x in np.asarray(a).reshape(-1)]
 
 
@@ -89,8 +97,9 @@ class PromptSchedule:
         self.N, self.B, self.lag = int(cfg.rl.prompts_per_step), batch_slots(cfg), int(lag)
         if self.N % self.B:
             raise ValueError(f"rl.slots_per_batch={self.B} must divide rl.prompts_per_step={self.N}")
-        self.sampler = prompts.sampler_from_config(prompt_ids(cfg, int(total_steps) * self.N), cfg.rl,
-                                                   seed=int(cfg.seed))
+        self.cfg, self.total = cfg, int(total_steps) * self.N
+        self.R = int(cfg.rl.infra.replacements)
+        self.sampler = prompts.sampler_from_config(prompt_ids(cfg, self.total), cfg.rl, seed=int(cfg.seed))
         self.requests: dict[int, list[dict]] = {}       # step -> its N slot requests
         self.fed = 0                                     # steps whose rollout stats the sampler has seen
 
@@ -107,8 +116,14 @@ class PromptSchedule:
         if len(ids) < self.N:
             return None
         base = step * self.N
-        self.requests[step] = [dict(slot=base + i, prompt_id=p, seed=base + i) for i, p in enumerate(ids)]
+        self.requests[step] = [dict(slot=base + i, prompt_id=p, seed=base + i, reserve=self.reserve(base + i))
+                               for i, p in enumerate(ids)]
         return self.requests[step]
+
+    def reserve(self, slot: int) -> list[str]:
+        """The fresh prompts that replace slot `slot`'s group if its sandboxes keep failing
+        (module docstring): `rl.infra.replacements` ids past the run's prompt set, fixed per slot."""
+        return prompt_ids(self.cfg, self.R, start=self.total + int(slot) * self.R) if self.R else []
 
     def batches(self, step: int) -> list[list[dict]]:
         """`step`'s requests cut into generation batches of `batch_slots` consecutive slots."""
@@ -123,6 +138,8 @@ class PromptSchedule:
         if step != self.fed:
             raise RuntimeError(f"rollout stats are fed in step order: {self.fed} before {step}")
         for g in sorted(groups, key=lambda g: g.slot):
+            if g.prompt_id not in self.sampler:     # a reserve prompt (infra replacement): not in the epoch
+                continue
             for t in g.trajectories:
                 self.sampler.record_rollout(g.prompt_id, turns=t.stats["turns"],
                                             thinking_tokens=t.stats["thinking_tokens"])
@@ -143,29 +160,66 @@ class PromptSchedule:
 
 
 # ----------------------------------------------------------------------------- rollout + train
+INFRA_KEYS = ("infra_episodes", "group_retries", "replaced_groups", "sandboxes_replaced")
+
+
+def _env_counters(env) -> dict:
+    return dict(getattr(env, "counters", {}))
+
+
+def _failed(group) -> bool:
+    return any(i.get("group_failed") for i in group[2])
+
+
 def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worker: str = ""
                    ) -> tuple[list[storage.GroupRecord], dict]:
     """One batched generation of `requests` (one generation batch) in `env` with the weights of
     `poll() -> (params, version)`, polled every `rl.sampler.chunk_tokens` decode steps (in-flight
-    updates, `rl.sampler.kv_mode`). Returns (one `GroupRecord` per request, batch info)."""
+    updates, `rl.sampler.kv_mode`). A group whose sandboxes kept failing (the env's retries spent)
+    is replaced by the group of the slot's next reserve prompt (module docstring); when a slot's
+    reserve is spent too, `RuntimeError` (the infrastructure, not one box, is broken). Returns
+    (one `GroupRecord` per request, batch info with the batch's `infra/*` counters)."""
     from horizon.rl.rollout import sampler  # noqa: PLC0415  (jax: imported where a rollout runs)
 
     s = cfg.rl.sampler
     policy = sampler.make_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
                                  kv_mode=str(s.kv_mode))
     start_version = int(poll()[1])
+    before = _env_counters(env)
     t0 = time.time()
     results = env.rollouts(requests, policy, tok)
+    used = [dict(r) for r in requests]                 # the request each result answers (after replacements)
+    replaced = [0] * len(requests)
+    while bad := [i for i, g in enumerate(results) if _failed(g)]:
+        for i in bad:
+            reserve = list(requests[i].get("reserve", ()))
+            if replaced[i] >= len(reserve):
+                raise RuntimeError(f"slot {requests[i]['slot']}: its group failed on infrastructure after "
+                                   f"{replaced[i]} replacement prompt(s) (rl.infra.replacements) and the env's retries; "
+                                   f"last: {results[i][2][0].get('failure', '?')}")
+            used[i] = dict(requests[i], prompt_id=reserve[replaced[i]], replaces=requests[i]["prompt_id"])
+            replaced[i] += 1
+        print(f"[rollout] replacing {len(bad)} group(s) whose sandboxes kept failing by fresh prompts: "
+              f"{[used[i]['prompt_id'] for i in bad]}", file=sys.stderr, flush=True)
+        for i, g in zip(bad, env.rollouts([used[i] for i in bad], policy, tok)):
+            results[i] = g
     dt = time.time() - t0
+    after = _env_counters(env)
+    delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in INFRA_KEYS}
+    delta["replaced_groups"] = int(sum(replaced))
     recs = []
-    for r, (trajs, rs, infos) in zip(requests, results):
+    for j, (r, (trajs, rs, infos)) in enumerate(zip(used, results)):
         lo, hi = storage.group_versions(trajs)
+        # batch-level counters go on the batch's first group, so a step's sum over groups is exact
+        infra = dict(delta) if j == 0 else dict.fromkeys(INFRA_KEYS, 0)
+        infra["replaced_groups"] = replaced[j]
         recs.append(storage.GroupRecord(
             slot=int(r["slot"]), prompt_id=r["prompt_id"], trajectories=trajs, rewards=[float(x) for x in rs],
             advantages=group_advantages(rs, cfg), min_version=lo, max_version=hi, start_version=start_version,
             generated_tokens=int(sum(t.num_generated_tokens for t in trajs)), worker=worker, seconds=dt,
-            infos=infos))
-    return recs, dict(seconds=dt, switches=int(policy.state["switches"]), start_version=start_version)
+            infos=infos, infra=infra))
+    return recs, dict(seconds=dt, switches=int(policy.state["switches"]), start_version=start_version,
+                      **{f"infra/{k}": v for k, v in delta.items()})
 
 
 def pack_rows(b: dict, cfg) -> tuple[dict, dict]:
@@ -218,4 +272,5 @@ def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
                                         np.asarray([g.rewards for g in groups], np.float32), cfg)
     b, pack = pack_rows(b, cfg)
     state, m = trainer.train_step(state, b, cfg=cfg)
-    return state, dict({k: float(v) for k, v in jax.device_get(m).items()}, **pack), b
+    infra = {f"infra/{k}": float(sum(getattr(g, "infra", {}).get(k, 0) for g in groups)) for k in INFRA_KEYS}
+    return state, dict({k: float(v) for k, v in jax.device_get(m).items()}, **pack, **infra), b

@@ -46,7 +46,7 @@ def start_run(c: ml_collections.ConfigDict):
     """The common start of a driver, after `horizon.utils.cli.load` has parsed and validated `c`:
     the run dir `exp.out_dir` with config.json, the XLA compilation cache, tokenizer, metrics log,
     task family. Returns (out_dir, tok, log, family)."""
-    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.data.tokenizer import tokenizer_from_config
     from horizon.env.families import family_from_config
     from horizon.utils.config import dump_config
 
@@ -55,7 +55,7 @@ def start_run(c: ml_collections.ConfigDict):
     dump_config(c, out_dir / "config.json")
     if c.exp.get("compilation_cache_dir"):
         jax.config.update("jax_compilation_cache_dir", str(c.exp.compilation_cache_dir))
-    return out_dir, ByteTokenizer(c.model.vocab_size), JsonlLog(out_dir / "metrics.jsonl"), family_from_config(c.exp)
+    return out_dir, tokenizer_from_config(c), JsonlLog(out_dir / "metrics.jsonl"), family_from_config(c.exp)
 
 
 def evaluate(env, params, tasks, c, tok, key, version: int) -> dict:
@@ -167,6 +167,16 @@ def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, l
     return run_sft(params, lambda: demos(False), c, out, log, name=name, **pr)
 
 
+def initial_params(c, key):
+    """A run's starting params: `model.init_from`'s checkpoint (`hf_import.pretrained_params`) or
+    `transformer.init(key)`."""
+    from horizon.model import hf_import, transformer  # noqa: PLC0415
+
+    if str(c.model.get("init_from", "") or ""):
+        return hf_import.pretrained_params(c, key)
+    return transformer.init(key, c.model)
+
+
 def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
     """experiments/rl.py's SFT stage, from `transformer.init(key_init)` into out/<name>:
     `two_stage_sft` on the same `exp.n_sft_tasks` train tasks (`horizon.env.demos.config_edit_demos`).
@@ -174,7 +184,6 @@ def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, 
     transition that, on demos where half the values are wrong, came anywhere between ~600 and
     >800 steps depending on the seed); stage 2 (`exp.sft.corrupt_prob`, `exp.sft.corrupt`) adds
     the demonstrator's systematic error."""
-    from horizon.model import transformer
     from horizon.env.demos import config_edit_demos
 
     tasks = family.tasks("train", int(c.exp.n_sft_tasks))
@@ -183,7 +192,7 @@ def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, 
         return config_edit_demos(tasks, tok, np.random.default_rng(int(c.seed)), corrupt_prob=p,
                                  value_range=tuple(c.exp.task.value_range), corrupt=str(c.exp.sft.corrupt))
 
-    return two_stage_sft(transformer.init(key_init, c.model),
+    return two_stage_sft(initial_params(c, key_init),
                          lambda clean: demos(0.0 if clean else float(c.exp.sft.corrupt_prob)), c, out, log, name=name)
 
 
@@ -212,7 +221,7 @@ def load_sft_params(c, directory: str | pathlib.Path):
 def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
     """Make the SFT checkpoint `directory` with experiments/rl.py's SFT stage (same seed, demos and
     init, `config_edit_warm_start`) if it is missing (experiments/rl_async.py's warm start)."""
-    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.data.tokenizer import tokenizer_from_config
     from horizon.env.families import family_from_config
     from horizon.utils.seeds import run_keys
 
@@ -225,15 +234,15 @@ def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
     print(f"no SFT checkpoint in {d}: running experiments/rl.py's SFT stage there", flush=True)
     d.parent.mkdir(parents=True, exist_ok=True)
     log = JsonlLog(d.parent / "sft_metrics.jsonl")
-    config_edit_warm_start(c, family_from_config(c.exp), ByteTokenizer(c.model.vocab_size), d.parent, log,
+    config_edit_warm_start(c, family_from_config(c.exp), tokenizer_from_config(c), d.parent, log,
                            run_keys(c.seed)["init"], name=d.name)
     log.close()
 
 
 def tok_pad(c) -> int:
-    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.data.tokenizer import tokenizer_from_config
 
-    return ByteTokenizer(c.model.vocab_size).PAD
+    return tokenizer_from_config(c).pad_id
 
 
 # ----------------------------------------------------------------------------- RL
@@ -289,7 +298,8 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         state, rec, b = runtime.train_groups(state, groups, c)
         infos = [i for g in groups for i in g.infos]
         gen = sum(g.generated_tokens for g in groups)
-        rec.update(phase="rl", step=step + 1, group_size=int(c.rl.group_size), rollout_s=t_roll, gen_tokens=gen,
+        rec.update(phase="rl", step=step + 1, group_size=int(c.rl.group_size), groups=len(groups), rollout_s=t_roll,
+                   gen_tokens=gen,
                    train_s=time.time() - t1, step_s=time.time() - t0, gen_tokens_per_s=gen / max(t_roll, 1e-9),
                    success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos])),
                    malformed=float(np.mean([i.get("malformed_calls", 0) > 0 for i in infos])),
@@ -300,7 +310,11 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
               f"{rec['best_of_k']:.3f} success {rec['success']:.3f} malformed {rec['malformed']:.2f} "
               f"kl {rec.get('kl_k1', 0.0):.2e} gen {rec['gen_tokens_per_s']:.0f} tok/s rollout {t_roll:.1f}s "
               + (f"pack {rec['pack/imbalance']:.3f} (naive {rec['pack/imbalance_naive']:.3f}) "
-                 if rec["pack/ranks"] > 1 else "") +
+                 if rec["pack/ranks"] > 1 else "")
+              + (f"infra: {rec['infra/infra_episodes']:.0f} failed episodes, {rec['infra/group_retries']:.0f} "
+                 f"retries, {rec['infra/replaced_groups']:.0f} replaced groups, "
+                 f"{rec['infra/sandboxes_replaced']:.0f} new sandboxes "
+                 if any(rec[f"infra/{k}"] for k in runtime.INFRA_KEYS) else "") +
               f"train {rec['train_s']:.1f}s ({time.time() - t_start:.0f}s)", flush=True)
         ck.save(step + 1, state, {"step": step + 1, "schedule": sched.state_dict()}, force=step + 1 == steps)
         every = int(c.exp.eval.every) if "eval" in c.exp else 0

@@ -84,6 +84,9 @@ class PromptSampler:
         self._global = _Stats()
 
     # ---------------------------------------------------------------- sampling
+    def __contains__(self, prompt_id: str) -> bool:
+        return prompt_id in self._id_set
+
     @property
     def remaining(self) -> int:
         return len(self.prompt_ids) - len(self._used)

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
-import threading
 import pickle
 import re
 import time
@@ -34,19 +32,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from horizon.utils.files import atomic_write_bytes
+
 _GROUP_RE = re.compile(r"group_(\d{8})\.pkl")
-
-
-def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-    """tmp file + fsync + rename: readers see the old file or the new one, never a torn one (the tmp
-    name is per process and thread: the weight publisher writes from a thread pool)."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @dataclasses.dataclass
@@ -70,6 +58,7 @@ class GroupRecord:
     worker: str
     seconds: float                  # rollout wall time
     infos: list[dict] = dataclasses.field(default_factory=list)
+    infra: dict = dataclasses.field(default_factory=dict)   # infrastructure counters (core.INFRA_KEYS)
     created: float = dataclasses.field(default_factory=time.time)
 
 

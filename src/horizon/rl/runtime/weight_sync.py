@@ -55,7 +55,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from horizon.rl.runtime.storage import atomic_write_bytes
+from horizon.utils.files import atomic_write_bytes
 
 CODECS = ("xor_zlib", "xor_zstd")
 DTYPES = ("bfloat16", "float32")

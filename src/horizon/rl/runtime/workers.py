@@ -26,12 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import Tokenizer
 from horizon.model import transformer
 from horizon.rl.rollout import sampler
 from horizon.rl.runtime.weight_sync import WeightReceiver
 
-_TOK = ByteTokenizer()
 KV_MODES = sampler.KV_MODES
 
 
@@ -76,7 +75,7 @@ class WeightSource:
 
 
 # ----------------------------------------------------------------------------- environments
-def toy_prompt(prompt_id: str, tok: ByteTokenizer = _TOK) -> np.ndarray:
+def toy_prompt(prompt_id: str, tok: Tokenizer) -> np.ndarray:
     return np.asarray(tok.encode(f"Write lowercase letters ({prompt_id}):", bos=True), np.int32)
 
 
@@ -86,7 +85,7 @@ def toy_reward(tokens: np.ndarray) -> float:
     return float(np.mean((t >= ord("a")) & (t <= ord("z")))) if t.size else 0.0
 
 
-def toy_rollout(request: dict, policy: Callable, cfg, tok: ByteTokenizer) -> tuple[list, list[float], list[dict]]:
+def toy_rollout(request: dict, policy: Callable, cfg, tok: Tokenizer) -> tuple[list, list[float], list[dict]]:
     """`group_size` single-turn completions of a toy prompt (no sandbox): (trajectories, rewards, infos)."""
     from horizon.agent import Segment, Trajectory  # noqa: PLC0415
 
@@ -108,7 +107,7 @@ def toy_rollout(request: dict, policy: Callable, cfg, tok: ByteTokenizer) -> tup
         ri = np.full((L, n0 + m, k), -1, np.int32)
         if L:
             ri[:, n0:] = g.router_indices
-        end = "final" if m and g.tokens[-1] in sampler.DEFAULT_STOP_TOKENS else "token_budget"
+        end = "final" if m and g.tokens[-1] in tok.stop_ids else "token_budget"
         trajs.append(Trajectory(request["prompt_id"], [Segment(toks, mask, lps, vers, ri)], "",
                                 {"turns": 1, "thinking_tokens": 0}, end))
         rs.append(toy_reward(g.tokens))
@@ -121,7 +120,7 @@ class ToyEnv:
     def __init__(self, cfg):
         self.cfg = cfg
 
-    def rollouts(self, requests: Sequence[dict], policy: Callable, tok: ByteTokenizer) -> list[tuple]:
+    def rollouts(self, requests: Sequence[dict], policy: Callable, tok: Tokenizer) -> list[tuple]:
         return [toy_rollout(r, policy, self.cfg, tok) for r in requests]
 
     def close(self) -> None:

@@ -36,7 +36,8 @@ def next_token_loss(
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
     """(mean cross-entropy over counted targets, number of counted targets)."""
     tgt, w = next_token_targets(tokens, mask, segment_ids)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, tgt[..., None], axis=-1)[..., 0]
+    logits = logits.astype(jnp.float32)
+    # -log_softmax at the target only: no [b, s, V] log-prob array (fewer full-vocab passes, issue 20)
+    nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
     count = w.sum()
     return jnp.sum(nll * w) / jnp.maximum(count, 1.0), count

@@ -16,7 +16,10 @@ def async_config() -> ml_collections.ConfigDict:
     a.num_rollout_workers = 1         # rollout processes
     a.queue_depth = 1                 # outstanding slot requests per worker (0 = rl.prompts_per_step; at
     #                                   least one generation batch)
-    a.pool = "multiprocessing"        # WorkerPool: "multiprocessing" | "ray" (adapter; ray not shipped)
+    a.pool = "ray"                    # WorkerPool: "ray" (actors; horizon.rl.runtime.async_loop.RayPool)
+    a.ray_address = ""                # "" = start Ray on this machine; "HOST:PORT" / "auto" = join a running cluster
+    a.ray_object_store_mb = 2048      # object store of a Ray started here (sized for a 24 GB machine)
+    a.ray_memory_threshold = 0.9      # Ray's memory monitor kills workers above this fraction of RAM
     a.poll_s = 0.02                   # orchestrator / trainer polling interval
     a.weights_timeout_s = 600.0       # a worker waits this long for the weights version it needs
     # --- environment

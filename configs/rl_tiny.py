@@ -32,6 +32,15 @@ def rl_config() -> ml_collections.ConfigDict:
     r.kl_mode = "reward"          # "reward" (detached reward-to-go in the advantage; unbiased with k1)
     #                               | "reward_token" (per-token penalty) | "loss" (naive term, ablation)
     r.kl_across_segments = True   # "reward" mode: charge a chain segment the KL of later segments too
+    # --- stale-token corrections (issue 23, item 4; horizon.rl.maths.losses): caps c > 1 on the detached
+    #     ratio r = exp(logp_trainer - logp_sampler) of each loss token; 0 = off. Off by default: the report
+    #     trains near on-policy (async_.max_staleness bounds the lag; the surrogate's r importance-weights
+    #     every token already), and off keeps every existing run's loss and update bit-identical
+    r.stale = ml_collections.ConfigDict(dict(
+        tis_cap=0.0,              # truncated IS: weight min(r, c) in place of r (verl's tis_imp_ratio_cap)
+        token_mask_cap=0.0,       # a token with r outside [1/c, c] gets no policy-gradient loss
+        seq_mask_cap=0.0,         # a row whose geometric-mean r over its loss tokens is outside [1/c, c]: dropped
+    ))                            # (masked tokens still count in the loss_agg denominator)
     # --- nonlinear length penalty: scale * f(x; k, q), x = weighted effort
     lp = ml_collections.ConfigDict()
     lp.enabled = True

@@ -186,11 +186,29 @@ def test_group_store_writes_once_and_scheduler_state_roundtrip(tmp_path):
 
 
 # ----------------------------------------------------------------------------- (b) kill + restart
+def test_a_killed_rollout_worker_is_replaced_and_its_batches_requested_again(tmp_path):
+    """Ray pool, 2 workers, worker 0 killed once version 1 is out: the run finishes, every step trains
+    exactly `prompts_per_step` groups, each slot's group is written exactly once."""
+    c = small_cfg(max_staleness=1, num_rollout_workers=2, publish_dtype="float32", poll_s=0.02)
+    steps = 3
+    run = tmp_path / "run"
+    res = async_loop.Orchestrator(c, run, num_steps=steps, kill_worker_at=1).run()
+    assert res["worker_restarts"] >= 1
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert any(e.get("kind") == "worker_killed" for e in events)
+    lost = [s for e in events if e.get("kind") == "worker_restart" for s in e["lost_slots"]]
+    assert lost                                                # it died holding a batch
+    wrote = sorted(e["slot"] for e in events if e.get("kind") == "grouped" and e["wrote"])
+    assert wrote == list(range(steps * 2))                     # no slot written twice, none missing
+    steps_log = [r for r in async_loop.read_trainer_log(run) if r["event"] == "step"]
+    assert [len(r["slots"]) for r in steps_log] == [2] * steps
+
+
 def _weights_sha(run, v):
     return ws.read_entry(pathlib.Path(run) / "weights", v)["sha256_params"]
 
 
-@pytest.mark.slow   # ~80 s warm (3 trainer processes + 1 worker compile on the shared 2 cores)
+@pytest.mark.slow   # ~80 s warm (3 trainer actors + 1 worker compile on the shared 2 cores; Ray pool)
 def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path):
     c = small_cfg(max_staleness=1, num_rollout_workers=1, publish_dtype="float32", full_every=3,
                   poll_s=0.02)
@@ -215,10 +233,12 @@ def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path):
     ref = tmp_path / "ref"
     ref.mkdir()
     shutil.copytree(run / "groups", ref / "groups")
-    pool = async_loop.MultiprocessingPool(c)
-    pool.start_trainer(c, str(ref), steps)
-    pool.trainer.join(300)
-    assert pool.trainer.exitcode == 0
+    pool = async_loop.make_pool("ray", c)
+    try:
+        pool.start_trainer(c, str(ref), steps)
+        assert pool.wait_trainer(300) == 0
+    finally:
+        pool.close()
     for v in range(steps + 1):
         assert _weights_sha(run, v) == _weights_sha(ref, v), f"version {v} differs"
     assert len([r for r in async_loop.read_trainer_log(ref) if r["event"] == "start"]) == 1

@@ -424,3 +424,181 @@ def test_mean_group_max_is_best_of_k_and_pass_at_n():
     r = jnp.asarray(rng.random((5, 3)), jnp.float32)
     valid = jnp.asarray([1, 1, 0, 1, 0], jnp.float32)                 # padding groups do not count
     assert float(L.mean_group_max(r, valid)) == pytest.approx(float(r.max(axis=1)[jnp.array([0, 1, 3])].mean()))
+
+
+# ----------------------------------------------------------------------------- stale tokens (issue 23, item 4)
+# Five rows of loss-token ratios r = exp(logprobs - sampler_logprobs) that straddle the caps below
+# (token band [1/3, 3], TIS cap 2, geometric-mean band [2/3, 1.5]); "x" = not a loss token.
+#   row 0  1.25 0.9  2.5  1.1  x     geo 1.33 (kept)   2.5 TIS-capped
+#   row 1  4.0  1.8  1.9  2.2  0.9   geo 1.94 (drop)   4.0 token-masked; 4.0, 2.2 capped
+#   row 2  0.2  0.9  1.0  x    x     geo 0.56 (drop)   0.2 token-masked
+#   row 3  0.3  1.1  1.3  0.75 x=50  geo 0.75 (kept)   0.3 token-masked; the 50 is off the mask
+#   row 4  no loss tokens (padding row)
+STALE_RATIOS = np.array([[1.25, 0.9, 2.5, 1.1, 1.0], [4.0, 1.8, 1.9, 2.2, 0.9], [0.2, 0.9, 1.0, 1.0, 1.0],
+                         [0.3, 1.1, 1.3, 0.75, 50.0], [1.0] * 5])
+STALE_MASK = np.array([[1, 1, 1, 1, 0], [1] * 5, [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [0] * 5], bool)
+STALE_ADV = np.array([1.0, -0.5, 2.0, -1.5, 0.0], np.float32)
+TIS, TOK, SEQ = 2.0, 3.0, 1.5
+
+
+def _stale_inputs():
+    samp = np.random.default_rng(3).uniform(-3.0, -1.0, STALE_RATIOS.shape).astype(np.float32)
+    lp = (samp + np.log(STALE_RATIOS)).astype(np.float32)
+    return jnp.asarray(lp), jnp.asarray(samp), jnp.asarray(STALE_ADV), jnp.asarray(STALE_MASK)
+
+
+def _np_stale(agg, tis=0.0, tok=0.0, seq=0.0):
+    """numpy reference: (loss, d loss / d logprobs, kept tokens) of the corrected Dr.GRPO surrogate,
+    with the aggregation's denominators of the unmasked batch."""
+    m, r, a = STALE_MASK, STALE_RATIOS, STALE_ADV[:, None].astype(np.float64)
+    keep = m.copy()
+    if tok:
+        keep &= (r >= 1 / tok) & (r <= tok)
+    if seq:
+        geo = np.exp(np.where(m, np.log(r), 0).sum(1) / np.maximum(m.sum(1), 1))
+        keep &= ((geo >= 1 / seq) & (geo <= seq))[:, None]
+    w = np.minimum(r, tis) if tis else r            # importance weight; value and gradient coefficient of A
+    n = m.sum(1)
+    if agg == "token_sum":
+        coef = np.full(r.shape, 1.0 / len(r))
+    elif agg == "seq_mean":
+        coef = np.where(n > 0, 1.0 / np.maximum(n, 1), 0.0)[:, None] / (n > 0).sum() * np.ones(r.shape)
+    else:
+        coef = np.full(r.shape, 1.0 / m.sum())
+    g = -np.where(keep, w * a * coef, 0.0)
+    return float(g.sum()), g, keep
+
+
+@pytest.mark.parametrize("agg", L.LOSS_AGGS)
+@pytest.mark.parametrize("caps", [dict(tis=TIS), dict(tok=TOK), dict(seq=SEQ), dict(tis=TIS, tok=TOK, seq=SEQ)],
+                         ids=["tis", "token_mask", "seq_mask", "all"])
+def test_stale_corrections_match_numpy_reference(agg, caps):
+    """Each correction (and all three) against the numpy reference: loss, per-token gradient and
+    the stale/* metrics; masked tokens keep the aggregation's denominator."""
+    lp, samp, adv, mask = _stale_inputs()
+    kw = dict(tis_cap=caps.get("tis", 0.0), token_mask_cap=caps.get("tok", 0.0), seq_mask_cap=caps.get("seq", 0.0))
+    (loss, met), g = jax.value_and_grad(
+        lambda x: L.policy_gradient_loss(x, samp, adv, mask, agg=agg, **kw), has_aux=True)(lp)
+    want, want_g, keep = _np_stale(agg, **caps)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(g), want_g, rtol=1e-5, atol=1e-6)
+    ntok = STALE_MASK.sum()
+    assert float(met["num_tokens"]) == ntok                       # the denominator's tokens: all 16
+    np.testing.assert_allclose(float(met["stale/masked_token_fraction"]), (STALE_MASK & ~keep).sum() / ntok, atol=1e-7)
+    clipped = (STALE_MASK & (STALE_RATIOS > TIS)).sum() / ntok if "tis" in caps else 0.0
+    np.testing.assert_allclose(float(met["stale/tis_clipped_fraction"]), clipped, atol=1e-7)
+    np.testing.assert_allclose(float(met["stale/mean_ratio"]), (STALE_RATIOS * STALE_MASK).sum() / ntok, rtol=1e-6)
+    assert float(met["stale/mean_ratio"]) == float(met["ratio_mean"])
+
+
+def test_stale_corrections_hand_values():
+    """token_mean with all three caps, by hand: rows 1-2 dropped (geo means 1.94, 0.56), token 0.3
+    of row 3 masked, 2.5 capped to 2: -(1.25 + 0.9 + 2 + 1.1 - 1.5 (1.1 + 1.3 + 0.75)) / 16."""
+    lp, samp, adv, mask = _stale_inputs()
+    loss, met = L.policy_gradient_loss(lp, samp, adv, mask, agg="token_mean", tis_cap=TIS, token_mask_cap=TOK,
+                                       seq_mask_cap=SEQ)
+    assert abs(float(loss) - (-(5.25 - 1.5 * 3.15) / 16)) < 1e-6
+    assert float(met["stale/masked_token_fraction"]) == 9 / 16       # 5 + 3 dropped rows, 1 masked token
+    assert float(met["stale/tis_clipped_fraction"]) == 3 / 16        # 2.5, 4.0, 2.2
+    np.testing.assert_array_equal(np.asarray(L.sequence_ratio_mask(lp - samp, mask, SEQ)),
+                                  [True, False, False, True, True])
+    np.testing.assert_array_equal(np.asarray(L.token_ratio_mask(lp - samp, TOK))[:4, 0], [True, False, False, False])
+
+
+def test_tis_weight_is_detached():
+    """The TIS gradient is the plain on-policy PG gradient (A ∇log q) times w = min(r, c) — the
+    weight replaces r, no gradient flows through it — and with the PPO clip a clip-bound token
+    keeps its zero gradient while the others are weighted by w."""
+    lp, samp, adv, mask = _stale_inputs()
+    w = np.minimum(STALE_RATIOS, TIS)
+    g_tis = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, tis_cap=TIS)[0])(lp)
+    g_plain = jax.grad(lambda x: L.policy_gradient_loss(x, jax.lax.stop_gradient(x), adv, mask)[0])(lp)
+    assert np.abs(np.asarray(g_plain)).max() > 0
+    np.testing.assert_allclose(np.asarray(g_tis), w * np.asarray(g_plain), rtol=1e-6, atol=1e-7)
+    wj, capped = L.tis_weight(lp - samp, TIS)
+    np.testing.assert_allclose(np.asarray(wj), w, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(capped), STALE_RATIOS > TIS)
+    assert np.all(np.asarray(jax.grad(lambda x: L.tis_weight(x, TIS)[0].sum())(lp - samp)) == 0)
+    a = STALE_ADV[:, None]
+    binds = ((a > 0) & (STALE_RATIOS > 1.2)) | ((a < 0) & (STALE_RATIOS < 0.8))
+    g_clip = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, tis_cap=TIS, clip_eps=0.2)[0])(lp)
+    np.testing.assert_allclose(np.asarray(g_clip), np.where(binds, 0.0, w * np.asarray(g_plain)), rtol=1e-6, atol=1e-7)
+
+
+def test_stale_masks_leave_the_kl_term_alone_and_stay_finite():
+    """Masks drop the policy-gradient surrogate only: the "loss"-mode KL term, its gradient and the
+    kl_* metrics are unchanged. A masked token whose ratio overflows exp gives a finite gradient."""
+    lp, samp, adv, mask = _stale_inputs()
+    ref = lp - 0.3
+    kl = dict(ref_logprobs=ref, kl_coef=0.5, kl_mode="loss")
+    caps = dict(token_mask_cap=TOK, seq_mask_cap=SEQ)
+
+    def vg(**kw):
+        return jax.value_and_grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, **kw), has_aux=True)(lp)
+
+    (_, m_on), g_on = vg(**kl, **caps)
+    (_, m_off), g_off = vg(**kl)
+    (_, _), g_pg_on = vg(**caps)
+    (_, _), g_pg_off = vg()
+    for k in ("kl_loss", "kl_k1", "kl_k2", "kl_k3"):
+        assert float(m_on[k]) == float(m_off[k]), k
+    assert float(m_on["pg_loss"]) != float(m_off["pg_loss"])
+    np.testing.assert_allclose(np.asarray(g_on - g_off), np.asarray(g_pg_on - g_pg_off), atol=1e-7)
+    huge = samp.at[2, 0].set(-200.0)                                  # r = e^~198 at a masked token
+    g = jax.grad(lambda x: L.policy_gradient_loss(x, huge, adv, mask, token_mask_cap=TOK)[0])(lp)
+    assert np.all(np.isfinite(np.asarray(g))) and float(g[2, 0]) == 0.0
+
+
+@pytest.mark.parametrize("agg,clip,mode", [("token_sum", None, "reward"), ("seq_mean", 0.2, "reward_token"),
+                                           ("token_mean", 0.2, "loss")])
+def test_stale_caps_off_or_not_binding_are_bit_identical(agg, clip, mode):
+    """Default (off) = explicit 0 / None = caps that bind nowhere: the same loss, gradient and
+    metrics bit for bit (the default is the pre-issue-23 computation; the non-binding case shows
+    the corrections add nothing but their masks and weights)."""
+    lp, samp, adv, mask = _stale_inputs()
+    samp = lp - 0.1 * jnp.tanh(samp)                 # ratios in (0.9, 1.1): no cap binds
+    base = dict(agg=agg, clip_eps=clip, kl_mode=mode, ref_logprobs=lp - 0.2, kl_coef=0.3)
+
+    def run(**kw):
+        (loss, met), g = jax.value_and_grad(
+            lambda x: L.policy_gradient_loss(x, samp, adv, mask, **base, **kw), has_aux=True)(lp)
+        return np.asarray(loss), {k: np.asarray(v) for k, v in met.items()}, np.asarray(g)
+
+    ref_loss, ref_met, ref_g = run()
+    for kw in (dict(tis_cap=0.0, token_mask_cap=0.0, seq_mask_cap=0.0), dict(tis_cap=None, seq_mask_cap=None),
+               dict(tis_cap=1e30, token_mask_cap=1e30, seq_mask_cap=1e30)):
+        loss, met, g = run(**kw)
+        np.testing.assert_array_equal(loss, ref_loss)
+        np.testing.assert_array_equal(g, ref_g)
+        assert met.keys() == ref_met.keys()
+        for k in met:
+            np.testing.assert_array_equal(met[k], ref_met[k], err_msg=k)
+    assert ref_met["stale/masked_token_fraction"] == 0 and ref_met["stale/tis_clipped_fraction"] == 0
+    cfg = load_config_file("configs/rl_tiny.py").rl
+    kw = L.loss_kwargs_from_config(cfg)
+    assert {k: kw[k] for k in L.STALE_CAPS} == dict(tis_cap=0.0, token_mask_cap=0.0, seq_mask_cap=0.0)
+
+
+def test_stale_cap_validation():
+    """A cap must be 0 (off) or > 1: the loss raises ValueError, the RL config check one ConfigError line."""
+    from horizon.rl.checks import validate_rl
+    from horizon.utils.config import ConfigError
+
+    lp, samp, adv, mask = _stale_inputs()
+    for name in L.STALE_CAPS:
+        for bad in (0.5, 1.0, -2.0):
+            with pytest.raises(ValueError, match=name):
+                L.policy_gradient_loss(lp, samp, adv, mask, **{name: bad})
+    c = load_config_file("configs/rl_tiny.py")
+    steps = int(c.exp.steps)
+    validate_rl(c, steps)                                      # defaults (0) pass
+    for name in L.STALE_CAPS:
+        for bad, why in ((0.5, "must be 0 (off) or > 1"), (1.0, "must be 0 (off) or > 1"), (-1.0, "must be in")):
+            c2 = load_config_file("configs/rl_tiny.py")
+            c2.rl.stale[name] = bad
+            with pytest.raises(ConfigError) as e:
+                validate_rl(c2, steps)
+            msg = str(e.value)
+            assert "\n" not in msg and msg.startswith(f"rl.stale.{name}={bad!r}: ") and why in msg, msg
+        c.rl.stale[name] = 2.0
+    validate_rl(c, steps)                                      # caps > 1 pass

@@ -92,6 +92,13 @@ def test_step_moves_logprobs_with_advantage_sign(env):
     for key in ("kl_k1", "entropy", "clip_frac", "grad_norm", "loss", "min_policy_version"):
         assert np.isfinite(float(m[key])), key
     assert float(m["grad_norm"]) > 0 and float(m["min_policy_version"]) == 3
+    # issue 23: corrections off by default (nothing masked or capped); every trained token in the lag
+    # histogram (versions 3 > step 0 cannot come from the loops: counted as lag 0)
+    assert float(m["stale/masked_token_fraction"]) == 0 and float(m["stale/tis_clipped_fraction"]) == 0
+    np.testing.assert_allclose(float(m["stale/mean_ratio"]), float(m["ratio_mean"]))
+    lags = [float(m[f"stale/lag_{j}"]) for j in range(trainer.LAG_BINS)] + [float(m["stale/lag_8plus"])]
+    assert lags[0] == b["loss_mask"].sum() and sum(lags) == lags[0]
+    assert all(np.ndim(v) == 0 for v in m.values())        # scalars: runtime.core.train_groups logs floats
     # router bias moved by the balancing rule (not by Adam): every entry by exactly +-rate or 0
     d = np.asarray(new.params["moe"]["moe"]["router_bias"] - env["params"]["moe"]["moe"]["router_bias"])
     rate = cfg.model.router_bias_update_rate
@@ -166,6 +173,19 @@ def test_masked_router_load_excludes_padding():
     np.testing.assert_array_equal(np.asarray(load), [[1, 1, 1, 1]])
 
 
+def test_version_lag_counts_histogram():
+    """Issue 23: loss-token counts by lag = step - policy version, lags 0..7 and >= 8; tokens off the
+    loss mask do not count; a split batch ([M, rows, S]) gives the same counts."""
+    v = np.array([[10, 9, 9, 3, -1, 2], [12, 11, 0, 5, 10, -1]], np.int32)    # at step 10
+    mask = np.array([[1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 0, 0]], bool)
+    got = {k: float(x) for k, x in trainer.version_lag_counts(jnp.asarray(v), jnp.asarray(mask), 10).items()}
+    # lags on the mask: 0, 1, 1, 7, 8 | -2 (-> 0), -1 (-> 0), 10, 5
+    want = {0: 3, 1: 2, 5: 1, 7: 1}
+    assert got == {**{f"stale/lag_{j}": float(want.get(j, 0)) for j in range(8)}, "stale/lag_8plus": 2.0}
+    split = trainer.version_lag_counts(jnp.asarray(v)[:, None], jnp.asarray(mask)[:, None], jnp.int32(10))
+    assert {k: float(x) for k, x in split.items()} == got
+
+
 def _chains_batch(env, n_groups=2, G=3):
     """`n_groups` groups of G chains of 1-2 segments (chain 0 of group 0 truncated)."""
     rng = np.random.default_rng(5)
@@ -190,7 +210,10 @@ def _chains_batch(env, n_groups=2, G=3):
 
 @pytest.mark.parametrize("over,whole_step", [
     (dict(loss_agg="token_sum", kl_mode="reward", kl_across_segments=True), True),   # the report's loss
-    (dict(loss_agg="token_mean", overlong_mask=True, clip_eps=0.2), False),
+    # with the issue-23 stale-token corrections on (caps that bind on some tokens / rows, not all; folded into
+    # this case, as each case is a compile): masks and TIS composed with the overlong mask and the PPO clip
+    (dict(loss_agg="token_mean", overlong_mask=True, clip_eps=0.2,
+          stale=dict(tis_cap=1.2, token_mask_cap=3.0, seq_mask_cap=2.5)), False),
     (dict(loss_agg="seq_mean", kl_mode="loss"), False),
     (dict(loss_agg="token_sum", token_sum_norm=7.0), False),
 ])
@@ -216,8 +239,11 @@ def test_microbatched_step_equals_the_whole_batch_step(env, over, whole_step):
                                                           atol=1e-5 * scale), g1, g2)
     np.testing.assert_array_equal(np.asarray(load1), np.asarray(load2))
     for name in ("loss", "pg_loss", "kl_loss", "num_tokens", "ratio_max", "ratio_mean", "kl_k1", "clip_frac",
-                 "entropy", "logprob_mean", "sampler_logprob_diff"):
+                 "entropy", "logprob_mean", "sampler_logprob_diff", "stale/masked_token_fraction",
+                 "stale/tis_clipped_fraction", "stale/mean_ratio"):
         np.testing.assert_allclose(float(m2[name]), float(m1[name]), rtol=1e-4, atol=1e-6, err_msg=name)
+    if "stale" in over:                                   # the caps reached the loss and bind on some tokens
+        assert 0 < float(m1["stale/masked_token_fraction"]) < 1 and 0 < float(m1["stale/tis_clipped_fraction"]) < 1
     if not whole_step:
         return
 

@@ -48,9 +48,13 @@ class SandboxPool:
             limits["disk_limit_mb"] = int(disk_mb)
         image = image if backend == "docker" else None
         if backend == "docker":   # sandboxes are made in worker threads: install SIGTERM cleanup here
-            from horizon.sandbox.docker import install_cleanup_hooks
+            from horizon.sandbox.docker import cleanup_leaked, install_cleanup_hooks
 
             install_cleanup_hooks()
+            # containers of processes on this host that died without cleaning up (SIGKILL, e.g. a
+            # killed rollout worker) would hold memory and disk for the rest of the run
+            if n_dead := cleanup_leaked(only_dead_owners=True):
+                print(f"[pool] removed {n_dead} sandbox(es) left by dead processes", file=sys.stderr, flush=True)
         self._open = lambda: open_sandbox(backend, image, **limits)
         self.counters = {"sandboxes_replaced": 0}
         self._lock = threading.Lock()

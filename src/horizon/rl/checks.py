@@ -19,6 +19,7 @@ from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
 from horizon.rl.maths import losses, rewards
+from horizon.rl.runtime.async_loop import POOLS
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
 from horizon.train.optim import validate_optim_config
@@ -57,6 +58,9 @@ def validate_rl(c, steps: int) -> None:
     need_float(r, "kl_coef", "rl", 0.0)
     need_choice(r, "kl_estimator", "rl", losses.KL_ESTIMATORS)
     need_choice(r, "kl_mode", "rl", losses.KL_MODES)
+    for k in losses.STALE_CAPS:       # issue 23: 0 = off, else a ratio cap > 1
+        v = need_float(r.stale, k, "rl.stale", 0.0)
+        need(v == 0.0 or v > 1.0, f"rl.stale.{k}", r.stale[k], "must be 0 (off) or > 1 (a cap on the ratio)")
     lp = r.length_penalty
     try:
         rewards.validate_curve_params(lp.k, lp.q)
@@ -236,7 +240,9 @@ def validate_async(c) -> None:
         need_float(a, k, "async_", 0.0, lo_open=True)
     need_float(a, "weight_poll_interval_s", "async_", 0.0)
     need_choice(a, "env", "async_", ("toy", "experiment"))
-    need_choice(a, "pool", "async_", ("multiprocessing",))
+    need_choice(a, "pool", "async_", POOLS)
+    need_int(a, "ray_object_store_mb", "async_", lo=64)
+    need_float(a, "ray_memory_threshold", "async_", 0.0, 1.0, lo_open=True)
     need_choice(a, "codec", "async_", CODECS)
     need_choice(a, "publish_dtype", "async_", DTYPES)
     need(len(a.compare) > 0 and all(x in ASYNC_LOOPS for x in a.compare), "async_.compare", a.compare,

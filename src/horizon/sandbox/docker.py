@@ -657,6 +657,12 @@ class DockerSandbox:
         duration = time.monotonic() - t0
         probe = None
         if host_killed or exit_code is None or exit_code in (137, -1):
+            if watchdog is not None:
+                watchdog.join()
+            if self._disk_exceeded is not None and self._state("exec").get("Running"):
+                # the watchdog killed the command (and may still be killing the user's processes, so a
+                # probe exec as the user could die too): the policy's resource failure, not infra
+                raise SandboxResourceError(self._disk_exceeded)
             probe = self._raise_if_dead("exec")   # killed with its container: not the command's failure
             if exit_code is None:
                 if not host_killed:

@@ -38,10 +38,34 @@ Loss aggregation (``agg``), with per-token surrogate ``s_it`` and valid mask ``m
   normalisation: a response twice as long gets twice the gradient weight.
 * ``"seq_mean"`` (GRPO ablation): ``-(1/#nonempty rows) Σ_i (Σ_t m_it s_it / Σ_t m_it)``.
 * ``"token_mean"`` (DAPO ablation): ``-Σ_i Σ_t m_it s_it / Σ_i Σ_t m_it``.
+
+Stale-token corrections (issue 23, item 4; all off by default). Tokens sampled by older policy
+versions (in-flight weight updates, a staleness bound > 0) or by a sampler whose numerics differ
+from the trainer's make ``r = exp(logprobs - sampler_logprobs)`` drift from 1. Each correction
+reads the *detached* ``log r`` of the loss tokens and has one cap ``c > 1`` (0 = off):
+
+* truncated importance sampling (``tis_cap``, `tis_weight`; verl's ``tis_imp_ratio_cap``): the
+  token's importance weight becomes ``w = min(r, c)`` (detached), i.e. its gradient is
+  ``w · A_t · ∇log q`` — the untruncated ``r`` of today's surrogate is *replaced* by ``w``, not
+  multiplied by it (``r · min(r, c)`` would count the ratio twice);
+* token masking (``token_mask_cap``, `token_ratio_mask`): a token with ``r`` outside
+  ``[1/c, c]`` gets no policy-gradient loss;
+* sequence masking (``seq_mask_cap``, `sequence_ratio_mask`): a row whose geometric-mean ratio
+  ``exp(mean_t log r)`` over its loss tokens is outside ``[1/c, c]`` gets none.
+
+The corrections act on the per-token surrogate ``s_it`` (whose advantage carries the detached KL
+penalty in the ``"reward*"`` KL modes, as verl's KL-in-reward); the KL values themselves (the
+penalty's reward-to-go, the ``kl_*`` metrics) and the ``"loss"``-mode KL term are unchanged. A
+masked token contributes 0 to the sum but stays in the denominator the aggregation defines (its
+row still counts for ``"token_sum"``/``"seq_mean"``, its token for ``"token_mean"`` and its row's
+length for ``"seq_mean"``): the normalisation stays a property of the batch, not of the
+trainer's current weights, and gradient accumulation (which weights micro-batches by these
+counts) stays exact.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -51,6 +75,7 @@ from jaxtyping import Array, Bool, Float, Int
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_MODES = ("reward", "reward_token", "loss")
 LOSS_AGGS = ("token_sum", "seq_mean", "token_mean")
+STALE_CAPS = ("tis_cap", "token_mask_cap", "seq_mask_cap")   # `rl.stale` fields = policy_gradient_loss kwargs
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -207,6 +232,46 @@ def aggregate(
     raise ValueError(f"unknown loss_agg {agg!r}; choose from {LOSS_AGGS}")
 
 
+# ----------------------------------------------------------------------------- stale tokens (issue 23)
+def check_stale_cap(name: str, cap: float | None) -> float:
+    """A stale-token cap as a float: 0 (or None) = off, else it must be > 1 (issue 23, item 4)."""
+    c = float(cap or 0.0)
+    if c != 0.0 and not c > 1.0:
+        raise ValueError(f"{name} must be 0 (off) or > 1, got {cap}")
+    return c
+
+
+def tis_weight(
+    log_ratio: Float[Array, "rows seq"], cap: float
+) -> tuple[Float[Array, "rows seq"], Bool[Array, "rows seq"]]:
+    """Truncated importance sampling (issue 23, item 4; verl ``tis_imp_ratio_cap``): the detached
+    per-token weight ``min(exp(log_ratio), cap)`` and where it was capped (``ratio > cap``).
+    ``log_ratio = logprobs - sampler_logprobs``; computed in log space (no overflow)."""
+    lr = jax.lax.stop_gradient(log_ratio)
+    log_c = math.log(check_stale_cap("tis_cap", cap))
+    return jnp.exp(jnp.minimum(lr, log_c)), lr > log_c
+
+
+def token_ratio_mask(log_ratio: Float[Array, "rows seq"], cap: float) -> Bool[Array, "rows seq"]:
+    """Token masking (issue 23, item 4): True where the token's ratio ``exp(log_ratio)`` lies in
+    ``[1/cap, cap]`` (kept), False where it leaves the band (no policy-gradient loss)."""
+    log_c = math.log(check_stale_cap("token_mask_cap", cap))
+    return jnp.abs(jax.lax.stop_gradient(log_ratio)) <= log_c
+
+
+def sequence_ratio_mask(
+    log_ratio: Float[Array, "rows seq"], mask: Float[Array, "rows seq"], cap: float
+) -> Bool[Array, " rows"]:
+    """Sequence masking (issue 23, item 4): True for a row (one sequence / chain segment) whose
+    geometric-mean ratio ``exp(Σ_t m_t log_ratio_t / Σ_t m_t)`` over its loss tokens lies in
+    ``[1/cap, cap]``; False = the row is dropped from the policy-gradient loss. A row without loss
+    tokens has mean 0 (kept; it contributes nothing anyway)."""
+    log_c = math.log(check_stale_cap("seq_mask_cap", cap))
+    m = mask.astype(jnp.float32)
+    mean = jnp.sum(jax.lax.stop_gradient(log_ratio) * m, axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
+    return jnp.abs(mean) <= log_c
+
+
 # ----------------------------------------------------------------------------- policy gradient
 def policy_gradient_loss(
     logprobs: Float[Array, "rows seq"],
@@ -225,6 +290,9 @@ def policy_gradient_loss(
     kl_mode: str = "reward",
     row_chain_index: Int[Array, "rows"] | None = None,
     row_segment_index: Int[Array, "rows"] | None = None,
+    tis_cap: float | None = 0.0,
+    token_mask_cap: float | None = 0.0,
+    seq_mask_cap: float | None = 0.0,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """Dr.GRPO policy-gradient loss with importance ratio, optional clipping and KL (SPEC §4).
 
@@ -240,7 +308,18 @@ def policy_gradient_loss(
     ``row_chain_index``/``row_segment_index`` (optional) extend the KL reward-to-go
     across later segments of the same summary chain.
 
-    Returns ``(loss, metrics)``; metrics are scalars (detached).
+    Stale-token corrections (issue 23, item 4; module docstring; each a cap ``c > 1``, 0 / None =
+    off, the default, which is exactly the computation without them): ``tis_cap`` truncates the
+    importance weight to ``min(r, c)`` (detached; composed with the PPO clip, the clip decides
+    which tokens get a gradient and the weight scales those that do), ``token_mask_cap`` and
+    ``seq_mask_cap`` drop the surrogate of tokens / rows whose ratio (geometric mean per row)
+    leaves ``[1/c, c]``; masked tokens keep their place in the aggregation's denominator.
+
+    Returns ``(loss, metrics)``; metrics are scalars (detached), including
+    ``stale/masked_token_fraction`` (loss tokens dropped by either mask),
+    ``stale/tis_clipped_fraction`` (loss tokens whose TIS weight was capped) and
+    ``stale/mean_ratio`` (mean ``r`` over the loss tokens, as ``ratio_mean``), logged whether or
+    not a correction is on (0, 0 and the mean ratio when off).
     """
     if logprobs.ndim != 2:
         raise ValueError(f"logprobs must be [rows, seq], got {logprobs.shape}")
@@ -263,6 +342,8 @@ def policy_gradient_loss(
         raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps}")
     if (row_chain_index is None) != (row_segment_index is None):
         raise ValueError("give both row_chain_index and row_segment_index, or neither")
+    tis_cap, token_mask_cap, seq_mask_cap = (check_stale_cap(n, c) for n, c in zip(
+        STALE_CAPS, (tis_cap, token_mask_cap, seq_mask_cap)))
 
     m = mask.astype(jnp.float32)
     if overlong_mask:
@@ -275,6 +356,15 @@ def policy_gradient_loss(
 
     log_ratio = jnp.where(valid, logprobs - jax.lax.stop_gradient(sampler_logprobs), 0.0)
     ratio = jnp.exp(log_ratio)
+    keep = None                                   # stale-token masks (issue 23): tokens kept in the PG loss
+    if token_mask_cap:
+        keep = token_ratio_mask(log_ratio, token_mask_cap)
+    if seq_mask_cap:
+        rows_in = sequence_ratio_mask(log_ratio, m, seq_mask_cap)[:, None]
+        keep = rows_in if keep is None else keep & rows_in
+    # the surrogate's ratio: a masked token's is 1 (its surrogate is zeroed below; an overflowing
+    # exp there would turn the zero gradient into 0 * inf = NaN)
+    ratio_s = ratio if keep is None else jnp.exp(jnp.where(keep, log_ratio, 0.0))
 
     adv = jnp.broadcast_to(advantages.astype(jnp.float32)[:, None], logprobs.shape)
     metrics: dict[str, Any] = {}
@@ -301,14 +391,27 @@ def policy_gradient_loss(
                 kl_loss = kl_coef * aggregate(k, m, agg, token_sum_norm=token_sum_norm)
             metrics["kl_penalty_mean"] = jnp.sum(pen * m) / jnp.maximum(m.sum(), 1.0)
 
-    surr = ratio * adv
+    surr = ratio_s * adv
     if clip_eps:
-        clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+        clipped = jnp.clip(ratio_s, 1.0 - clip_eps, 1.0 + clip_eps) * adv
         surr = jnp.minimum(surr, clipped)
         binds = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
         metrics["clip_frac"] = jnp.sum(binds * m) / jnp.maximum(m.sum(), 1.0)
     else:
         metrics["clip_frac"] = jnp.zeros((), jnp.float32)
+    n_loss = jnp.maximum(m.sum(), 1.0)
+    capped = jnp.zeros_like(valid)
+    if tis_cap:
+        # weight w = min(r, c) *replaces* the untruncated r: s * sg(w / r), w / r = exp(min(0, log c - log r));
+        # value w·A_t, gradient w·A_t·∇log q (a clip-bound token keeps its zero gradient)
+        _, capped = tis_weight(log_ratio, tis_cap)
+        surr = surr * jnp.exp(jnp.minimum(0.0, math.log(tis_cap) - jax.lax.stop_gradient(log_ratio)))
+    if keep is not None:
+        surr = jnp.where(keep, surr, 0.0)         # 0 in the sum, still in the denominator (module docstring)
+    metrics["stale/masked_token_fraction"] = (
+        jnp.zeros((), jnp.float32) if keep is None else jnp.sum(jnp.where(keep, 0.0, m)) / n_loss)
+    metrics["stale/tis_clipped_fraction"] = jnp.sum(capped * m) / n_loss
+    metrics["stale/mean_ratio"] = jnp.sum(ratio * m) / n_loss
 
     pg_loss = -aggregate(surr, m, agg, token_sum_norm=token_sum_norm)
     loss = pg_loss + kl_loss
@@ -337,4 +440,5 @@ def loss_kwargs_from_config(rl_cfg) -> dict[str, Any]:
         kl_coef=float(rl_cfg.kl_coef),
         kl_estimator=rl_cfg.kl_estimator,
         kl_mode=rl_cfg.kl_mode,
+        **{k: float(rl_cfg.stale[k]) for k in STALE_CAPS},   # issue 23: 0 = off
     )

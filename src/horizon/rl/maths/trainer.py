@@ -31,6 +31,13 @@ new state keeps the input's shardings.
 
 Metrics: reward mean, best-of-K (max reward per group, averaged), KL estimates, entropy of the
 trained positions, clip fraction, token counts, grad norm, staleness (policy versions).
+Stale tokens (issue 23, item 4): the loss's corrections (`rl.stale`: truncated importance
+sampling, token / sequence ratio masks; `losses` module docstring) log
+``stale/masked_token_fraction``, ``stale/tis_clipped_fraction`` and ``stale/mean_ratio``; the step
+adds the lag histogram `version_lag_counts` (``stale/lag_0`` .. ``stale/lag_7``,
+``stale/lag_8plus``: loss-token counts by ``state.step - policy_versions``; ``state.step`` = t is
+the version of the params step t trains, as `runtime.async_loop.token_staleness` counts it). Every
+metric is a scalar (`runtime.core.train_groups` logs floats).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from horizon.model import moe, transformer
 from horizon.parallel import mesh as pmesh
@@ -223,6 +230,23 @@ def microbatch_weights(batch: dict, *, cfg) -> Float[Array, " m"]:
     return cnt / jnp.maximum(cnt.sum(), 1.0)
 
 
+LAG_BINS = 8      # version-lag histogram: lags 0 .. LAG_BINS-1, then one ">= LAG_BINS" bin
+
+
+def version_lag_counts(policy_versions: Int[Array, "*rows seq"], loss_mask: Bool[Array, "*rows seq"],
+                       step: Int[Array, ""] | int) -> dict[str, Float[Array, ""]]:
+    """Staleness histogram of the trained tokens (issue 23, item 4): {``stale/lag_<j>``: count of
+    loss tokens whose lag ``step - policy_version`` is j} for j < `LAG_BINS`, and
+    ``stale/lag_<LAG_BINS>plus`` for the rest. A version newer than `step` (not produced by the
+    loops, whose admission keeps lags >= 0) counts as lag 0. Any leading shape (whole or split
+    batch): the counts are over every token."""
+    lag = jnp.clip(jnp.asarray(step, jnp.int32) - policy_versions.astype(jnp.int32), 0, LAG_BINS)
+    w = loss_mask.astype(jnp.float32)
+    out = {f"stale/lag_{j}": jnp.sum(jnp.where(lag == j, w, 0.0)) for j in range(LAG_BINS)}
+    out[f"stale/lag_{LAG_BINS}plus"] = jnp.sum(jnp.where(lag == LAG_BINS, w, 0.0))
+    return out
+
+
 _SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")          # weighted like the loss
 _ROW_METRICS = ("adv_mean", "adv_abs_mean")                # means over (padded) rows
 _MASK_METRICS = ("entropy", "logprob_mean", "sampler_logprob_diff")   # means over loss_mask tokens; the
@@ -233,7 +257,9 @@ def _accumulate(params, ref_params, batch: dict, *, cfg):
     """`_loss_grads_load` over the micro-batches of a split batch (`batch.split_microbatches`,
     leading axis M), in a `lax.scan` so only one micro-batch's activations are live: grads and
     the loss metrics are summed with `microbatch_weights`, token means re-weighted by each
-    micro-batch's generated tokens, `ratio_max` maxed, `num_tokens` and router loads summed."""
+    micro-batch's generated tokens (the loss's means, `stale/*` included, by its `num_tokens`),
+    `ratio_max` maxed, `num_tokens` and router loads summed. The stale-token masks are per token
+    or per row and rows never straddle micro-batches, so they match the one-pass step's."""
     w = microbatch_weights(batch, cfg=cfg)
     xs = ({k: batch[k] for k in (*ROW_FIELDS, "replay_indices")}, w)
 
@@ -283,7 +309,8 @@ def pure_train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]
              tokens=jnp.sum(batch["valid"]).astype(jnp.float32),
              rows=jnp.sum(batch["row_chain"] >= 0).astype(jnp.float32),
              min_policy_version=jnp.min(vers).astype(jnp.float32),
-             microbatches=jnp.asarray(batch["tokens"].shape[0] if split else 1, jnp.float32))
+             microbatches=jnp.asarray(batch["tokens"].shape[0] if split else 1, jnp.float32),
+             **version_lag_counts(batch["policy_versions"], mask, state.step))
     new = RLState(step=state.step + 1, params=params, opt_state=opt_state, ref_params=state.ref_params)
     return new, m
 

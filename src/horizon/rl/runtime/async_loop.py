@@ -1,9 +1,8 @@
 """Asynchronous RL: scheduler, trainer and rollout-worker processes (SPEC §4, §4.1, fault tolerance).
 
 The same three pieces as the synchronous loop (`horizon.rl.runtime.core`: prompt schedule, group
-rollout, train step), spread over processes (one machine, `multiprocessing` spawn context; each
-child gets its XLA flags from `child_env` before it imports JAX; the orchestrator runs no JAX
-computation):
+rollout, train step), spread over Ray actors (each actor's process gets its XLA flags from `child_env` before it imports
+JAX; the orchestrator runs no JAX computation):
 
     orchestrator (this module, `Orchestrator.run`): assigns step t's prompts (`PromptSchedule`)
       │                        and submits its generation batches under the staleness bound
@@ -47,14 +46,15 @@ Rollout-level checkpoints (sandbox snapshots, `storage.RolloutCheckpoints`) exis
 optional restore path for long multi-turn rollouts; this loop does not use them (a
 killed worker's slot is re-requested from scratch).
 
-**Distributed engines.** `WorkerPool` is the adapter: `MultiprocessingPool` implements it
-with local processes; a Ray (or Slurm, k8s) implementation would start the same
-`trainer_main` / `rollout_worker_main` functions as remote actors and carry requests/events
-through its queues; the shared directory becomes object storage. Ray is not installed here,
-so no Ray pool is shipped (`make_pool("ray")` raises with that explanation).
+**Distributed engine: Ray** (issue 23). `WorkerPool` is the adapter and `RayPool` the one
+implementation: the trainer and each rollout worker are Ray actors running `trainer_main` /
+`rollout_worker_main` (requests and events through `ray.util.queue`); `ray.init()` without an
+address runs them on this machine, `async_.ray_address` joins a cluster. The orchestrator replaces a
+lost trainer (it resumes from its checkpoint) and lost rollout workers (their in-flight batches are
+requested again); on a cluster the run directory must be a filesystem every node sees.
 
 experiments/rl_async.py's synchronous baseline is `loop.run_rl` itself, run in a child process
-with the same XLA flags and threads as these (`MultiprocessingPool.run`).
+with the same XLA flags and threads as these (`run_child`, a spawned local process).
 """
 
 from __future__ import annotations
@@ -65,10 +65,8 @@ import json
 import multiprocessing as mp
 import os
 import pathlib
-import queue as queue_mod
 import signal
 import time
-from typing import Any
 
 import numpy as np
 
@@ -83,6 +81,7 @@ def numpy_init(mcfg, seed: int) -> dict:
 
 
 SLOT_STATES = ("requested", "generating", "scored", "grouped", "trained")
+_OUTSTANDING = ("requested", "generating", "scored")
 
 
 # ----------------------------------------------------------------------------- config helpers
@@ -256,7 +255,20 @@ class WorkerPool(abc.ABC):
     def start_rollout_workers(self, cfg, run_dir: str, n: int) -> None: ...
 
     @abc.abstractmethod
-    def submit(self, request: dict) -> None: ...
+    def workers_alive(self) -> list[bool]: ...
+
+    @abc.abstractmethod
+    def restart_worker(self, i: int, cfg, run_dir: str) -> None:
+        """Replace rollout worker `i` (lost: its node died, or it was killed)."""
+
+    @abc.abstractmethod
+    def kill_worker(self, i: int) -> None:
+        """Kill rollout worker `i` (fault injection)."""
+
+    @abc.abstractmethod
+    def submit(self, request: list[dict], worker: int) -> None:
+        """Queue one generation batch for rollout worker `worker` (each worker has its own queue: a
+        batch is never taken by a worker that is already dead)."""
 
     @abc.abstractmethod
     def events(self, timeout: float) -> list[dict]:
@@ -312,79 +324,149 @@ def sync_main(cfg, run_dir: str) -> None:
         log.close()
 
 
-class MultiprocessingPool(WorkerPool):
-    """Local processes (spawn context; env from `child_env` so each JAX process stays small)."""
+class _Runner:
+    """A Ray actor that runs one of this module's process mains (`trainer_main`,
+    `rollout_worker_main`) in its own worker process (env vars from `child_env` via runtime_env)."""
+
+    def run(self, fn, *args):
+        fn(*args)
+        return 0
+
+
+class RayPool(WorkerPool):
+    """The trainer and rollout workers as Ray actors (issue 23): `ray.init()` without an address runs
+    them on this machine, `async_.ray_address` joins a cluster — the same code. Requests and events
+    go through `ray.util.queue.Queue`s; groups and weights through the run directory (a shared
+    filesystem / object-storage URL on a cluster). Each actor gets `child_env(cfg)` (XLA flags,
+    threads) as its runtime env; `max_restarts=0`: the orchestrator decides restarts (the trainer
+    resumes from its checkpoint, a lost worker's batch is re-requested). A Ray started here is
+    sized by `async_.ray_object_store_mb` and shut down (its temp dir removed) at `close`."""
 
     def __init__(self, cfg):
-        self.ctx = mp.get_context("spawn")
-        self.env = child_env(cfg)
-        self.trainer = None
-        self.workers: list = []
-        self.requests = self.ctx.Queue()
-        self.event_q = self.ctx.Queue()
+        import ray  # noqa: PLC0415
+        from ray.util.queue import Queue  # noqa: PLC0415
 
-    def _spawn(self, target, args):
-        return spawn(self.ctx, self.env, target, args)
+        a = cfg.async_
+        self.ray, self.env = ray, child_env(cfg)
+        self._tmp = None
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            addr = str(a.get("ray_address", "") or "") or None
+            kw = {}
+            if addr is None:
+                self._tmp = f"/tmp/horizon_ray_{os.getpid()}"    # short: Ray's unix sockets live under it
+                kw = dict(num_cpus=os.cpu_count(), object_store_memory=int(a.ray_object_store_mb) << 20,
+                          _temp_dir=self._tmp)
+            os.environ.setdefault("RAY_memory_usage_threshold", str(float(a.ray_memory_threshold)))
+            ray.init(address=addr, include_dashboard=False, log_to_driver=True, configure_logging=False, **kw)
+        self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_Runner)
+        self._queue = Queue
+        self.requests: list = []          # one request queue per rollout worker
+        self.event_q = Queue()
+        self.trainer = self._trainer_ref = None
+        self.workers: list = []
+        self._worker_refs: list = []
+        self._trainer_code: int | None = None
+
+    def _start(self, fn, *args):
+        actor = self._actor_cls.options(runtime_env={"env_vars": dict(self.env)}).remote()
+        return actor, actor.run.remote(fn, *args)
+
+    def _done(self, ref) -> bool:
+        return bool(self.ray.wait([ref], timeout=0)[0])
 
     def start_trainer(self, cfg, run_dir, num_steps):
-        self.trainer = self._spawn(trainer_main, (cfg, run_dir, num_steps))
+        self._trainer_code = None
+        self.trainer, self._trainer_ref = self._start(trainer_main, cfg, run_dir, num_steps)
 
     def trainer_alive(self):
-        return self.trainer is not None and self.trainer.is_alive()
+        return self._trainer_ref is not None and not self._done(self._trainer_ref)
 
     def trainer_exitcode(self):
-        return None if self.trainer is None else self.trainer.exitcode
+        if self._trainer_ref is None or not self._done(self._trainer_ref):
+            return None
+        if self._trainer_code is None:
+            try:
+                self.ray.get(self._trainer_ref)
+                self._trainer_code = 0
+            except self.ray.exceptions.RayActorError:
+                self._trainer_code = -int(signal.SIGKILL)      # the actor's process died
+            except self.ray.exceptions.RayTaskError:
+                self._trainer_code = 1                          # trainer_main raised
+        return self._trainer_code
 
     def kill_trainer(self):
-        if self.trainer is not None and self.trainer.is_alive():
-            os.kill(self.trainer.pid, signal.SIGKILL)
-            self.trainer.join(30)
+        if self.trainer is not None:
+            self.ray.kill(self.trainer, no_restart=True)
+            self.ray.wait([self._trainer_ref], timeout=30)
+
+    def wait_trainer(self, timeout: float) -> int | None:
+        """Block until the trainer finishes (or `timeout`); its exit code (None if still running)."""
+        self.ray.wait([self._trainer_ref], timeout=timeout)
+        return self.trainer_exitcode()
 
     def start_rollout_workers(self, cfg, run_dir, n):
         for i in range(n):
-            self.workers.append(self._spawn(rollout_worker_main, (i, cfg, run_dir, self.requests, self.event_q)))
+            self.requests.append(self._queue())
+            actor, ref = self._start(rollout_worker_main, i, cfg, run_dir, self.requests[i], self.event_q)
+            self.workers.append(actor)
+            self._worker_refs.append(ref)
 
-    def submit(self, request):
-        self.requests.put(request)
+    def restart_worker(self, i, cfg, run_dir):
+        self.ray.kill(self.workers[i], no_restart=True)
+        # a fresh queue: a get() the dead worker left pending would swallow the next batch
+        self.requests[i] = self._queue()
+        self.workers[i], self._worker_refs[i] = self._start(rollout_worker_main, i, cfg, run_dir, self.requests[i],
+                                                            self.event_q)
+
+    def kill_worker(self, i):
+        self.ray.kill(self.workers[i], no_restart=True)
+        self.ray.wait([self._worker_refs[i]], timeout=30)
+
+    def submit(self, request, worker):
+        self.requests[worker].put(request)
 
     def events(self, timeout):
+        from ray.util.queue import Empty  # noqa: PLC0415
+
         out = []
         try:
             out.append(self.event_q.get(timeout=timeout))
             while True:
                 out.append(self.event_q.get_nowait())
-        except queue_mod.Empty:
+        except Empty:
             pass
         return out
 
     def workers_alive(self) -> list[bool]:
-        return [w.is_alive() for w in self.workers]
+        return [not self._done(r) for r in self._worker_refs]
 
     def close(self):
-        for _ in self.workers:
-            self.requests.put(None)
+        for q in self.requests:
+            q.put(None)
+        if self._worker_refs:
+            self.ray.wait(self._worker_refs, num_returns=len(self._worker_refs), timeout=30)
         for w in self.workers:
-            w.join(30)
-            if w.is_alive():
-                os.kill(w.pid, signal.SIGKILL)
-                w.join(5)
+            self.ray.kill(w, no_restart=True)
         if self.trainer is not None:
-            self.trainer.join(60)
-            if self.trainer.is_alive():
-                self.kill_trainer()
+            if self.trainer_alive():
+                self.ray.wait([self._trainer_ref], timeout=60)
+            self.ray.kill(self.trainer, no_restart=True)
+        if self._owns_ray:
+            self.ray.shutdown()
+            if self._tmp:
+                import shutil  # noqa: PLC0415
+
+                shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+POOLS = ("ray",)
 
 
 def make_pool(kind: str, cfg) -> WorkerPool:
-    if kind == "multiprocessing":
-        return MultiprocessingPool(cfg)
     if kind == "ray":
-        try:
-            import ray  # noqa: F401, PLC0415
-        except ImportError as e:
-            raise ValueError("pool 'ray' needs ray (not installed); implement WorkerPool with ray actors "
-                             "running trainer_main / rollout_worker_main (see module docstring)") from e
-        raise NotImplementedError("a Ray WorkerPool is not shipped (ray was not available to test it)")
-    raise ValueError(f"unknown pool kind {kind!r} (multiprocessing | ray)")
+        return RayPool(cfg)
+    raise ValueError(f"unknown pool kind {kind!r} ({' | '.join(POOLS)})")
 
 
 # ----------------------------------------------------------------------------- scheduler
@@ -413,11 +495,15 @@ class Orchestrator:
 
     `kill_trainer_at`: fault injection for tests — SIGKILL the trainer once that weights
     version is published (and restart it, like every unexpected trainer death, up to
-    `max_trainer_restarts` times).
+    `max_trainer_restarts` times). A rollout worker that dies (`kill_worker_at`: the same injection,
+    for worker 0 once that version is out and it is generating a batch) is replaced and the generation batches it had taken are requested again, whole (same prompts
+    and key; the store keeps the groups already written, so no slot is generated twice after it
+    completed), up to `max_worker_restarts` times.
     """
 
     def __init__(self, cfg, run_dir: str | pathlib.Path, *, num_steps: int, pool: WorkerPool | None = None,
-                 kill_trainer_at: int | None = None, max_trainer_restarts: int = 3):
+                 kill_trainer_at: int | None = None, max_trainer_restarts: int = 3,
+                 kill_worker_at: int | None = None, max_worker_restarts: int = 8):
         from horizon.rl.checks import validate_async  # noqa: PLC0415  (checks imports the rl layer)
 
         validate_async(cfg)
@@ -427,6 +513,10 @@ class Orchestrator:
         self.pool = pool or make_pool(str(cfg.async_.pool), cfg)
         self.kill_trainer_at = kill_trainer_at
         self.max_trainer_restarts = int(max_trainer_restarts)
+        self.kill_worker_at, self.max_worker_restarts = kill_worker_at, int(max_worker_restarts)
+        self.worker_restarts = 0
+        self.batches: dict[int, list[dict]] = {}        # first slot -> a submitted generation batch
+        self.assigned: dict[int, int] = {}              # first slot -> the worker it was queued on
         a = cfg.async_
         self.N = int(cfg.rl.prompts_per_step)
         self.sched = StalenessScheduler(self.N, int(a.max_staleness))
@@ -459,13 +549,19 @@ class Orchestrator:
 
     def _request(self, batch: list[dict], version: int, ready: set[int]) -> int:
         """Submit one generation batch (all its slots: the batch and its key stay those of an
-        uninterrupted run; a slot already in the store is not overwritten). Returns slots made outstanding."""
-        self.pool.submit([dict(r, min_version=int(version)) for r in batch])
+        uninterrupted run; a slot already in the store is not overwritten) to the worker with the
+        fewest outstanding slots. Returns slots made outstanding."""
+        load = collections.Counter(d.get("worker") for d in self.slots.values() if d.get("state") in _OUTSTANDING)
+        w = min(range(int(self.cfg.async_.num_rollout_workers)), key=lambda i: (load[f"w{i}"], i))
+        first = int(batch[0]["slot"])
+        self.batches[first] = [dict(r, min_version=int(version)) for r in batch]
+        self.assigned[first] = w
+        self.pool.submit(self.batches[first], w)
         n = 0
         for r in batch:
             if r["slot"] not in ready:
                 self.slots[r["slot"]] = dict(state="requested", requested=time.time(), prompt_id=r["prompt_id"],
-                                             admitted_at_version=int(version))
+                                             admitted_at_version=int(version), worker=f"w{w}")
                 n += 1
         return n
 
@@ -502,7 +598,13 @@ class Orchestrator:
                     self.trainer_restarts += 1
                     _jsonl(self.events_log, dict(kind="trainer_restart", exitcode=code, time=time.time()))
                     self.pool.start_trainer(self.cfg, str(self.run_dir), self.num_steps)
-                outstanding = sum(d["state"] in ("requested", "generating", "scored") for d in self.slots.values())
+                if (self.kill_worker_at is not None and v is not None and v >= self.kill_worker_at
+                        and any(d.get("state") == "generating" and d.get("worker") == "w0" for d in self.slots.values())):
+                    self.kill_worker_at = None
+                    self.pool.kill_worker(0)
+                    _jsonl(self.events_log, dict(kind="worker_killed", worker="w0", version=v, time=time.time()))
+                self._replace_lost_workers()
+                outstanding = sum(d["state"] in _OUTSTANDING for d in self.slots.values())
                 while step < self.num_steps and self.sched.can_admit(step * self.N, v):
                     batches = self._batches(step)
                     if j == len(batches):
@@ -516,17 +618,49 @@ class Orchestrator:
                     outstanding += self._request(batches[j], v, ready)
                     j += 1
                 for e in self.pool.events(float(a.poll_s)):
-                    d = self.slots.setdefault(e["slot"], {})
-                    d["state"] = e["kind"]
-                    d[e["kind"]] = e["time"]
-                    if e["kind"] == "grouped":
-                        d.update({k: e[k] for k in ("worker", "tokens", "seconds", "min_version", "max_version",
-                                                    "start_version", "switches", "reward", "wrote")})
-                    _jsonl(self.events_log, e)
+                    self._on_event(e)
         finally:
             self.pool.close()
         wall = time.time() - t_start
-        return dict(wall_s=wall, trainer_restarts=self.trainer_restarts, slots=self.slots)
+        return dict(wall_s=wall, trainer_restarts=self.trainer_restarts, worker_restarts=self.worker_restarts,
+                    slots=self.slots)
+
+    def _on_event(self, e: dict) -> None:
+        """A worker event: the slot's state moves on (a finished slot stays finished when a re-requested
+        batch reports it again) and the event goes to events.jsonl."""
+        _jsonl(self.events_log, e)
+        d = self.slots.setdefault(e["slot"], {})
+        if d.get("state") in ("grouped", "trained"):
+            return
+        d["state"] = e["kind"]
+        d[e["kind"]] = e["time"]
+        d["worker"] = e.get("worker", d.get("worker"))
+        if e["kind"] == "grouped":
+            d.update({k: e[k] for k in ("worker", "tokens", "seconds", "min_version", "max_version",
+                                        "start_version", "switches", "reward", "wrote")})
+
+    def _replace_lost_workers(self) -> None:
+        """Replace every dead rollout worker and queue again, on its replacement, the batches that
+        were queued on it and are not finished (the store keeps groups already written, so a
+        finished slot is never generated twice)."""
+        for i, alive in enumerate(self.pool.workers_alive()):
+            if alive:
+                continue
+            if self.worker_restarts >= self.max_worker_restarts:
+                raise RuntimeError(f"rollout workers died {self.worker_restarts} times")
+            self.worker_restarts += 1
+            for e in self.pool.events(0.0):        # what the dead worker announced before it died
+                self._on_event(e)
+            firsts = sorted(f for f, w in self.assigned.items() if w == i and any(
+                self.slots.get(r["slot"], {}).get("state") in _OUTSTANDING for r in self.batches[f]))
+            lost = [r["slot"] for f in firsts for r in self.batches[f]
+                    if self.slots.get(r["slot"], {}).get("state") in _OUTSTANDING]
+            _jsonl(self.events_log, dict(kind="worker_restart", worker=f"w{i}", lost_slots=lost, time=time.time()))
+            self.pool.restart_worker(i, self.cfg, str(self.run_dir))
+            for f in firsts:
+                self.pool.submit(self.batches[f], i)
+            for s in lost:
+                self.slots[s].update(state="requested", requested_again=time.time())
 
 
 # ----------------------------------------------------------------------------- summaries

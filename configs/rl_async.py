@@ -20,6 +20,9 @@ def async_config() -> ml_collections.ConfigDict:
     a.ray_address = ""                # "" = start Ray on this machine; "HOST:PORT" / "auto" = join a running cluster
     a.ray_object_store_mb = 2048      # object store of a Ray started here (sized for a 24 GB machine)
     a.ray_memory_threshold = 0.9      # Ray's memory monitor kills workers above this fraction of RAM
+    a.trainer_resources = ""          # Ray custom resources each trainer actor needs, "name=amount,..." (e.g.
+    #                                   "trainer=1": pins it to nodes started with --resources='{"trainer": 1}')
+    a.rollout_resources = ""          # the same for each rollout actor (e.g. "rollout=1"); actors are SPREAD
     a.poll_s = 0.02                   # orchestrator / trainer polling interval
     a.weights_timeout_s = 600.0       # a worker waits this long for the weights version it needs
     # --- environment

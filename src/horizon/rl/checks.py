@@ -19,7 +19,7 @@ from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
 from horizon.rl.maths import losses, rewards
-from horizon.rl.runtime.async_loop import POOLS
+from horizon.rl.runtime.async_loop import POOLS, parse_resources
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
 from horizon.train.optim import validate_optim_config
@@ -242,6 +242,11 @@ def validate_async(c) -> None:
     need_choice(a, "env", "async_", ("toy", "experiment"))
     need_choice(a, "pool", "async_", POOLS)
     need_int(a, "ray_object_store_mb", "async_", lo=64)
+    for k in ("trainer_resources", "rollout_resources"):
+        try:
+            parse_resources(a.get(k, ""))
+        except ValueError as e:
+            raise ValueError(f"async_.{k}: {e}") from None
     need_float(a, "ray_memory_threshold", "async_", 0.0, 1.0, lo_open=True)
     need_choice(a, "codec", "async_", CODECS)
     need_choice(a, "publish_dtype", "async_", DTYPES)

@@ -324,6 +324,20 @@ def sync_main(cfg, run_dir: str) -> None:
         log.close()
 
 
+def parse_resources(spec: str) -> dict[str, float]:
+    """`"trainer=1,gpu_host=0.5"` -> {"trainer": 1.0, "gpu_host": 0.5} (Ray custom resources; "" -> {})."""
+    out = {}
+    for part in filter(None, (x.strip() for x in str(spec or "").split(","))):
+        name, eq, amount = part.partition("=")
+        try:
+            out[name.strip()] = float(amount)
+        except ValueError:
+            raise ValueError(f"resource spec {spec!r}: expected 'name=amount,...', got {part!r}") from None
+        if not eq or not name.strip() or out[name.strip()] <= 0:
+            raise ValueError(f"resource spec {spec!r}: expected 'name=amount,...' with amount > 0, got {part!r}")
+    return out
+
+
 class _Runner:
     """A Ray actor that runs one of this module's process mains (`trainer_main`,
     `rollout_worker_main`) in its own worker process (env vars from `child_env` via runtime_env)."""
@@ -368,8 +382,9 @@ class RayPool(WorkerPool):
         self._worker_refs: list = []
         self._trainer_code: int | None = None
 
-    def _start(self, fn, *args):
-        actor = self._actor_cls.options(runtime_env={"env_vars": dict(self.env)}).remote()
+    def _start(self, fn, *args, resources: str = ""):
+        actor = self._actor_cls.options(runtime_env={"env_vars": dict(self.env)}, resources=parse_resources(resources),
+                                        scheduling_strategy="SPREAD").remote()
         return actor, actor.run.remote(fn, *args)
 
     def _done(self, ref) -> bool:
@@ -377,7 +392,8 @@ class RayPool(WorkerPool):
 
     def start_trainer(self, cfg, run_dir, num_steps):
         self._trainer_code = None
-        self.trainer, self._trainer_ref = self._start(trainer_main, cfg, run_dir, num_steps)
+        self.trainer, self._trainer_ref = self._start(trainer_main, cfg, run_dir, num_steps,
+                                                      resources=cfg.async_.trainer_resources)
 
     def trainer_alive(self):
         return self._trainer_ref is not None and not self._done(self._trainer_ref)
@@ -408,7 +424,8 @@ class RayPool(WorkerPool):
     def start_rollout_workers(self, cfg, run_dir, n):
         for i in range(n):
             self.requests.append(self._queue())
-            actor, ref = self._start(rollout_worker_main, i, cfg, run_dir, self.requests[i], self.event_q)
+            actor, ref = self._start(rollout_worker_main, i, cfg, run_dir, self.requests[i], self.event_q,
+                                     resources=cfg.async_.rollout_resources)
             self.workers.append(actor)
             self._worker_refs.append(ref)
 
@@ -417,7 +434,7 @@ class RayPool(WorkerPool):
         # a fresh queue: a get() the dead worker left pending would swallow the next batch
         self.requests[i] = self._queue()
         self.workers[i], self._worker_refs[i] = self._start(rollout_worker_main, i, cfg, run_dir, self.requests[i],
-                                                            self.event_q)
+                                                            self.event_q, resources=cfg.async_.rollout_resources)
 
     def kill_worker(self, i):
         self.ray.kill(self.workers[i], no_restart=True)

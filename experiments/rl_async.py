@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from horizon.eval.report import reward_at, smooth, time_to_reach
+from horizon.eval.report import plot_jsonl, reward_at, smooth, time_to_reach, write_jsonl
 from horizon.rl import checks
 from horizon.rl.runtime import async_loop, loop
 from horizon.utils import cli
@@ -93,6 +93,9 @@ def main(argv=None):
         print(f"   groups spanning a weight update: {summ['groups_with_weight_switch']}/{summ['groups']}; "
               f"delta/full size of published {c.async_.publish_dtype} weights: "
               f"{np.mean(ratios) if ratios else float('nan'):.3f} (mean over {len(ratios)} deltas)")
+        pub = summ["publish"]
+        print(f"   publish (trainer -> storage): {np.mean([p['seconds'] for p in pub]):.3f}s and "
+              f"{np.mean([p['bytes'] for p in pub]) / 2**20:.2f} MiB per version (mean over {len(pub)})")
 
     if "sync" in results:
         sr = results["sync"]
@@ -110,6 +113,13 @@ def main(argv=None):
                   f"loop's wall time ({sr['wall_s']:.1f}s): {at if at is None else round(at, 3)}")
         results["target_reward"] = target
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    curves = [dict(loop=n, wall_s=t, reward=r, reward_smoothed=float(rs)) for n, res in results.items()
+              if isinstance(res, dict) and res.get("times")
+              for t, r, rs in zip(res["times"], res["rewards"], smooth(res["rewards"], w))]
+    write_jsonl(out / "reward_vs_wall.jsonl", curves)
+    png = plot_jsonl(out / "reward_vs_wall.jsonl", out / "reward_vs_wall.png", x="wall_s", y=["reward_smoothed"],
+                     group="loop", title="train reward (smoothed) vs wall time")
+    print(f"plot: {png}")
     print(f"results: {out / 'results.json'}")
 
 

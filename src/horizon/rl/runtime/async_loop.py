@@ -67,6 +67,7 @@ import os
 import pathlib
 import signal
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -346,6 +347,11 @@ class _Runner:
         fn(*args)
         return 0
 
+    def node_id(self) -> str:
+        import ray  # noqa: PLC0415
+
+        return ray.get_runtime_context().get_node_id()
+
 
 class RayPool(WorkerPool):
     """The trainer and rollout workers as Ray actors (issue 23): `ray.init()` without an address runs
@@ -359,6 +365,7 @@ class RayPool(WorkerPool):
     def __init__(self, cfg):
         import ray  # noqa: PLC0415
         from ray.util.queue import Queue  # noqa: PLC0415
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
 
         a = cfg.async_
         self.ray, self.env = ray, child_env(cfg)
@@ -374,17 +381,21 @@ class RayPool(WorkerPool):
             os.environ.setdefault("RAY_memory_usage_threshold", str(float(a.ray_memory_threshold)))
             ray.init(address=addr, include_dashboard=False, log_to_driver=True, configure_logging=False, **kw)
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_Runner)
-        self._queue = Queue
+        # queues live on the driver's node: a lost worker node must not take the run's queues with it
+        here = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False)}
+        self._queue = lambda: Queue(actor_options=here)
         self.requests: list = []          # one request queue per rollout worker
-        self.event_q = Queue()
+        self.event_q = self._queue()
         self.trainer = self._trainer_ref = None
         self.workers: list = []
         self._worker_refs: list = []
         self._trainer_code: int | None = None
 
     def _start(self, fn, *args, resources: str = ""):
+        # max_concurrency 2: `node_id` answers while `run` runs
         actor = self._actor_cls.options(runtime_env={"env_vars": dict(self.env)}, resources=parse_resources(resources),
-                                        scheduling_strategy="SPREAD").remote()
+                                        scheduling_strategy="SPREAD", max_concurrency=2).remote()
         return actor, actor.run.remote(fn, *args)
 
     def _done(self, ref) -> bool:
@@ -458,6 +469,10 @@ class RayPool(WorkerPool):
     def workers_alive(self) -> list[bool]:
         return [not self._done(r) for r in self._worker_refs]
 
+    def worker_nodes(self, timeout: float = 60.0) -> list[str]:
+        """The Ray node id each rollout worker runs on."""
+        return self.ray.get([w.node_id.remote() for w in self.workers], timeout=timeout)
+
     def close(self):
         for q in self.requests:
             q.put(None)
@@ -513,14 +528,17 @@ class Orchestrator:
     `kill_trainer_at`: fault injection for tests — SIGKILL the trainer once that weights
     version is published (and restart it, like every unexpected trainer death, up to
     `max_trainer_restarts` times). A rollout worker that dies (`kill_worker_at`: the same injection,
-    for worker 0 once that version is out and it is generating a batch) is replaced and the generation batches it had taken are requested again, whole (same prompts
-    and key; the store keeps the groups already written, so no slot is generated twice after it
-    completed), up to `max_worker_restarts` times.
+    for worker 0 once that version is out and it is generating a batch) is replaced and the
+    unfinished slots of the batches queued on it are queued again on the replacement (a slot
+    whose group was written is never generated again), up to `max_worker_restarts` times.
+    `fault_hook(orchestrator, newest_version)`,
+    called every poll, injects other faults (tests: removing a Ray node).
     """
 
     def __init__(self, cfg, run_dir: str | pathlib.Path, *, num_steps: int, pool: WorkerPool | None = None,
                  kill_trainer_at: int | None = None, max_trainer_restarts: int = 3,
-                 kill_worker_at: int | None = None, max_worker_restarts: int = 8):
+                 kill_worker_at: int | None = None, max_worker_restarts: int = 8,
+                 fault_hook: Callable[[Orchestrator, int | None], None] | None = None):
         from horizon.rl.checks import validate_async  # noqa: PLC0415  (checks imports the rl layer)
 
         validate_async(cfg)
@@ -531,6 +549,7 @@ class Orchestrator:
         self.kill_trainer_at = kill_trainer_at
         self.max_trainer_restarts = int(max_trainer_restarts)
         self.kill_worker_at, self.max_worker_restarts = kill_worker_at, int(max_worker_restarts)
+        self.fault_hook = fault_hook
         self.worker_restarts = 0
         self.batches: dict[int, list[dict]] = {}        # first slot -> a submitted generation batch
         self.assigned: dict[int, int] = {}              # first slot -> the worker it was queued on
@@ -620,6 +639,8 @@ class Orchestrator:
                     self.kill_worker_at = None
                     self.pool.kill_worker(0)
                     _jsonl(self.events_log, dict(kind="worker_killed", worker="w0", version=v, time=time.time()))
+                if self.fault_hook is not None:
+                    self.fault_hook(self, v)
                 self._replace_lost_workers()
                 outstanding = sum(d["state"] in _OUTSTANDING for d in self.slots.values())
                 while step < self.num_steps and self.sched.can_admit(step * self.N, v):
@@ -657,9 +678,9 @@ class Orchestrator:
                                         "start_version", "switches", "reward", "wrote")})
 
     def _replace_lost_workers(self) -> None:
-        """Replace every dead rollout worker and queue again, on its replacement, the batches that
-        were queued on it and are not finished (the store keeps groups already written, so a
-        finished slot is never generated twice)."""
+        """Replace every dead rollout worker and queue again, on its replacement, the unfinished
+        slots of the batches that were queued on it (a slot whose group is written is never
+        generated again; the re-queued batch's sampling key is that of its first slot, as always)."""
         for i, alive in enumerate(self.pool.workers_alive()):
             if alive:
                 continue
@@ -675,7 +696,7 @@ class Orchestrator:
             _jsonl(self.events_log, dict(kind="worker_restart", worker=f"w{i}", lost_slots=lost, time=time.time()))
             self.pool.restart_worker(i, self.cfg, str(self.run_dir))
             for f in firsts:
-                self.pool.submit(self.batches[f], i)
+                self.pool.submit([r for r in self.batches[f] if r["slot"] in lost], i)
             for s in lost:
                 self.slots[s].update(state="requested", requested_again=time.time())
 

@@ -13,6 +13,8 @@ generating one batch at a time, a step = one batch per node (N = W × batch grou
 hosts dividing the per-group cost (data parallel, linear: optimistic for the trainer). H is set so
 that the trainer's mean step time equals the mean batch time × `--trainer-load` (1.0 = balanced).
 Staleness is counted at the batch's start (in-flight weight updates only lower it).
+`--tail-sigma` stretches the measured distribution (lognormal factor of mean 1) to ask what
+longer-tailed tasks (real coding episodes) do to the synchronous straggler cost.
 
     python benchmarks/scaling_sim.py --run runs/rl_async_tiny/async
 """
@@ -20,6 +22,7 @@ Staleness is counted at the batch's start (in-flight weight updates only lower i
 from __future__ import annotations
 
 import argparse
+import collections
 import heapq
 import json
 import math
@@ -38,17 +41,17 @@ def measured(run: pathlib.Path) -> dict:
     per_group = np.array([r["train_s"] / len(r["slots"]) for r in steps[1:]])
     publish = [p["seconds"] for r in steps for p in r.get("publish", [])]
     return dict(batch_s=batch_s, train_per_group_s=float(np.median(per_group)),
-                publish_s=float(np.median(publish)) if publish else 0.0,
-                groups_per_batch=int(round(len(steps[0]["slots"]) / max(1, _batches_per_step(ev, steps[0])))))
+                publish_s=float(np.median(publish)) if publish else 0.0, groups_per_batch=groups_per_batch(ev))
 
 
-def _batches_per_step(ev, step_rec) -> int:
-    """Distinct generation batches of a step: groups finishing within 1 ms of each other share a batch."""
-    t = sorted(e["time"] for e in ev if e.get("kind") == "grouped" and e.get("wrote") and e["slot"] in step_rec["slots"])
-    return 1 + sum(b - a > 1e-3 for a, b in zip(t, t[1:]))
+def groups_per_batch(ev) -> int:
+    """Groups per generation batch: the groups of one batch report the same (worker, seconds)."""
+    n = collections.Counter((e["worker"], e["seconds"]) for e in ev if e.get("kind") == "grouped" and e.get("wrote"))
+    return int(round(np.median(list(n.values()))))
 
 
-def simulate(W: int, max_staleness: int, m: dict, trainer_hosts: int, steps: int, seed: int) -> dict:
+def simulate(W: int, max_staleness: int, m: dict, trainer_hosts: int, steps: int, seed: int,
+             tail_sigma: float = 0.0) -> dict:
     """One run of W nodes for `steps` trainer steps; returns throughput, idle fractions, staleness."""
     rng = np.random.default_rng(seed)
     t_train = m["publish_s"] + m["train_per_group_s"] * W * m["groups_per_batch"] / trainer_hosts
@@ -61,7 +64,7 @@ def simulate(W: int, max_staleness: int, m: dict, trainer_hosts: int, steps: int
     stale = []
     while v < steps:
         while free and next_batch // W - v <= max_staleness and next_batch // W < steps:
-            d = float(rng.choice(m["batch_s"]))
+            d = float(rng.choice(m["batch_s"])) * float(rng.lognormal(-tail_sigma ** 2 / 2, tail_sigma))
             heapq.heappush(heap, (now + d, "batch", (next_batch // W, v)))
             busy_node_s += d
             free -= 1
@@ -92,6 +95,8 @@ def main():
     ap.add_argument("--trainer-load", type=float, default=1.0, help="trainer step / mean batch time")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tail-sigma", type=float, default=0.0,
+                    help="multiply each batch time by lognormal noise (mean 1, this sigma): longer-tailed tasks")
     a = ap.parse_args()
     m = measured(pathlib.Path(a.run))
     b = m["batch_s"]
@@ -105,7 +110,7 @@ def main():
         work = m["train_per_group_s"] * W * m["groups_per_batch"]
         H = max(1, math.ceil(work / max(1e-9, a.trainer_load * b.mean() - m["publish_s"])))
         for s in map(int, a.staleness.split(",")):
-            r = simulate(W, s, m, H, a.steps, a.seed)
+            r = simulate(W, s, m, H, a.steps, a.seed, a.tail_sigma)
             print(f"| {W} | {H} | {s} | {r['step_s']:.1f} | {r['steps_per_hour']:.0f} | {r['trainer_busy']:.2f} | "
                   f"{r['rollout_busy']:.2f} | {r['staleness']} |")
 

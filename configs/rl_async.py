@@ -14,6 +14,7 @@ def async_config() -> ml_collections.ConfigDict:
     # --- scheduler
     a.max_staleness = 1               # trainer_version - token_version bound (admission control); 0 = synchronous
     a.num_rollout_workers = 1         # rollout processes
+    a.trainer_processes = 1           # trainer actors (one per host), one jax.distributed job over the mesh
     a.queue_depth = 1                 # outstanding slot requests per worker (0 = rl.prompts_per_step; at
     #                                   least one generation batch)
     a.pool = "ray"                    # WorkerPool: "ray" (actors; horizon.rl.runtime.async_loop.RayPool)

@@ -19,7 +19,7 @@ from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
 from horizon.rl.maths import losses, rewards
-from horizon.rl.runtime.async_loop import POOLS, parse_resources
+from horizon.rl.runtime.async_loop import POOLS, mesh_devices, parse_resources
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
 from horizon.train.optim import validate_optim_config
@@ -246,7 +246,10 @@ def validate_async(c) -> None:
         try:
             parse_resources(a.get(k, ""))
         except ValueError as e:
-            raise ValueError(f"async_.{k}: {e}") from None
+            need(False, f"async_.{k}", a.get(k), str(e))
+    n = need_int(a, "trainer_processes", "async_", lo=1)
+    devices = mesh_devices(c)
+    need(devices % n == 0, "async_.trainer_processes", n, f"must divide the mesh's {devices} devices")
     need_float(a, "ray_memory_threshold", "async_", 0.0, 1.0, lo_open=True)
     need_choice(a, "codec", "async_", CODECS)
     need_choice(a, "publish_dtype", "async_", DTYPES)

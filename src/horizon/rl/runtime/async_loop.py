@@ -47,11 +47,15 @@ optional restore path for long multi-turn rollouts; this loop does not use them 
 killed worker's slot is re-requested from scratch).
 
 **Distributed engine: Ray** (issue 23). `WorkerPool` is the adapter and `RayPool` the one
-implementation: the trainer and each rollout worker are Ray actors running `trainer_main` /
-`rollout_worker_main` (requests and events through `ray.util.queue`); `ray.init()` without an
-address runs them on this machine, `async_.ray_address` joins a cluster. The orchestrator replaces a
-lost trainer (it resumes from its checkpoint) and lost rollout workers (their in-flight batches are
-requested again); on a cluster the run directory must be a filesystem every node sees.
+implementation: the trainer is an actor group (`async_.trainer_processes` actors, one per host, one
+`jax.distributed` job over the run's mesh, coordinator address picked by actor 0 and passed
+through Ray; process 0 logs and publishes) and each rollout worker an actor, running
+`trainer_main` / `rollout_worker_main` (one request queue per worker and one event queue, all
+`ray.util.queue` actors pinned to the driver's node); `ray.init()` without an address runs them on
+this machine, `async_.ray_address` joins a cluster, `async_.{trainer,rollout}_resources` place
+them. The orchestrator replaces a lost trainer group (one lost process = the group; it resumes
+from its checkpoint) and lost rollout workers (the unfinished slots queued on them go to the
+replacement); on a cluster the run directory must be a filesystem every node sees (docs/SCALING.md).
 
 experiments/rl_async.py's synchronous baseline is `loop.run_rl` itself, run in a child process
 with the same XLA flags and threads as these (`run_child`, a spawned local process).
@@ -104,15 +108,21 @@ def initial_params(cfg):
     return load_sft_params(cfg, d)
 
 
-def child_env(cfg) -> dict[str, str]:
-    """Environment for JAX child processes: CPU, as many devices as the run's mesh (`c.mesh`: the
-    trainer and each rollout worker run their steps on it), few threads (shared machine)."""
+def mesh_devices(cfg) -> int:
+    """Devices of the run's mesh (`c.mesh`)."""
     import math  # noqa: PLC0415
 
     from horizon.parallel.mesh import mesh_sizes  # noqa: PLC0415
 
+    return math.prod(mesh_sizes(cfg.mesh).values())
+
+
+def child_env(cfg, processes: int = 1) -> dict[str, str]:
+    """Environment for JAX child processes: CPU, the run's mesh devices (`c.mesh`: the trainer and
+    each rollout worker run their steps on it) split over `processes` JAX processes (a trainer
+    group joined by jax.distributed), few threads (shared machine)."""
     n = int(cfg.async_.threads_per_process)
-    flags = f"--xla_force_host_platform_device_count={math.prod(mesh_sizes(cfg.mesh).values())}"
+    flags = f"--xla_force_host_platform_device_count={mesh_devices(cfg) // int(processes)}"
     if n == 1:
         flags += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     return {"XLA_FLAGS": flags, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
@@ -137,7 +147,9 @@ def make_publisher(cfg, directory) -> weight_sync.WeightPublisher:
                                        num_threads=int(a.publish_threads))
 
 
-def _jsonl(path: pathlib.Path, rec: dict) -> None:
+def _jsonl(path: pathlib.Path | None, rec: dict) -> None:
+    if path is None:            # a trainer group's processes other than 0 do not log
+        return
     with open(path, "a") as f:
         f.write(json.dumps(rec) + "\n")
         f.flush()
@@ -157,22 +169,55 @@ def token_staleness(groups_records, step: int) -> dict[int, int]:
 
 
 # ----------------------------------------------------------------------------- trainer process
-def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
-    """Trainer process: consume groups of step t (slot order), train, checkpoint, publish t+1."""
+def join_trainer_group(dist: tuple[str, int, int] | None) -> bool:
+    """Join the trainer's jax.distributed job (`dist` = (coordinator "host:port", processes, this
+    process's index); None = a single process). Returns whether this is process 0, the one that
+    logs and publishes. CPU processes exchange collectives through gloo."""
+    if dist is None:
+        return True
+    import jax  # noqa: PLC0415
+
+    coordinator, n, i = dist
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":     # (asking jax would start its backend too early)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, int(n), int(i))
+    return jax.process_index() == 0
+
+
+def host_params(params, multiprocess: bool):
+    """Params as host numpy arrays for publishing; a trainer group gathers its shards first (every
+    process must call this)."""
+    if not multiprocess:
+        return params
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    return multihost_utils.process_allgather(params, tiled=True)
+
+
+def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] | None = None) -> None:
+    """Trainer process: consume groups of step t (slot order), train, checkpoint, publish t+1.
+    With `dist` it is one process of a trainer group (`join_trainer_group`): every process reads the
+    same groups and runs the same step on the global mesh; process 0 logs and publishes."""
+    main = join_trainer_group(dist)
     _setup_jax(cfg)
     a = cfg.async_
     run = pathlib.Path(run_dir)
     N = int(cfg.rl.prompts_per_step)
     store = storage.GroupStore(run / "groups")
-    log = run / "trainer.jsonl"
+    log = run / "trainer.jsonl" if main else None
     state, ckpt, meta = runtime.resume_rl_state(initial_params(cfg), cfg, run / "ckpt")
     start = 0 if meta is None else int(meta["step"])
-    pub = make_publisher(cfg, run / "weights")
-    pub.resume()
-    apub = weight_sync.AsyncPublisher(pub)
-    apub.submit(state.params, start)      # version `start` (re-publish = bit-identity check)
-    apub.wait()
-    _jsonl(log, dict(event="start", pid=os.getpid(), step=start, restored=meta is not None, time=time.time()))
+    apub = None
+    if main:
+        pub = make_publisher(cfg, run / "weights")
+        pub.resume()
+        apub = weight_sync.AsyncPublisher(pub)
+    publish = _group_publisher(apub, dist is not None)
+    publish(state.params, start)          # version `start` (re-publish = bit-identity check)
+    if apub is not None:
+        apub.wait()
+    _jsonl(log, dict(event="start", pid=os.getpid(), step=start, restored=meta is not None, time=time.time(),
+                     processes=1 if dist is None else int(dist[1])))
     for step in range(start, num_steps):
         slots = range(step * N, (step + 1) * N)
         t0 = time.time()
@@ -184,8 +229,8 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
         t_train = time.time() - t0 - t_wait
         ckpt.save(step + 1, state, {"step": step + 1}, force=step + 1 == num_steps)
         if (step + 1) % int(a.publish_every) == 0 or step + 1 == num_steps:
-            apub.submit(state.params, step + 1)
-        stats = list(apub.stats)
+            publish(state.params, step + 1)
+        stats = list(apub.stats) if apub is not None else []
         _jsonl(log, dict(event="step", step=step + 1, slots=list(slots), pid=os.getpid(), time=time.time(),
                          wait_s=t_wait, train_s=t_train, reward_mean=m["reward_mean"],
                          staleness=token_staleness(recs, step), group_min_versions=[r.min_version for r in recs],
@@ -194,9 +239,19 @@ def trainer_main(cfg, run_dir: str, num_steps: int) -> None:
                                        seconds=s.seconds) for s in stats[-2:]],
                          **{k: m[k] for k in m if k in ("loss", "grad_norm", "entropy", "sampler_logprob_diff")
                             or k.startswith(("pack/", "infra/"))}))
-    apub.close()
+    if apub is not None:
+        apub.close()
     ckpt.close()
     _jsonl(log, dict(event="done", pid=os.getpid(), step=num_steps, time=time.time()))
+
+
+def _group_publisher(apub, multiprocess: bool):
+    """publish(params, version): gather on every process of a group, submit on process 0 only."""
+    def publish(params, version):
+        host = host_params(params, multiprocess)
+        if apub is not None:
+            apub.submit(host, version)
+    return publish
 
 
 # ----------------------------------------------------------------------------- rollout process
@@ -250,7 +305,7 @@ class WorkerPool(abc.ABC):
 
     @abc.abstractmethod
     def kill_trainer(self) -> None:
-        """SIGKILL the trainer (fault injection / shutdown)."""
+        """Kill (a process of) the trainer (fault injection)."""
 
     @abc.abstractmethod
     def start_rollout_workers(self, cfg, run_dir: str, n: int) -> None: ...
@@ -352,6 +407,17 @@ class _Runner:
 
         return ray.get_runtime_context().get_node_id()
 
+    def coordinator(self) -> str:
+        """"ip:port" on this actor's node for a jax.distributed coordinator (a port free right now)."""
+        import socket  # noqa: PLC0415
+
+        import ray  # noqa: PLC0415
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
 
 class RayPool(WorkerPool):
     """The trainer and rollout workers as Ray actors (issue 23): `ray.init()` without an address runs
@@ -387,50 +453,76 @@ class RayPool(WorkerPool):
         self._queue = lambda: Queue(actor_options=here)
         self.requests: list = []          # one request queue per rollout worker
         self.event_q = self._queue()
-        self.trainer = self._trainer_ref = None
+        self.trainers: list = []           # the trainer group's actors (process i = actor i)
+        self._trainer_refs: list = []
         self.workers: list = []
         self._worker_refs: list = []
         self._trainer_code: int | None = None
 
-    def _start(self, fn, *args, resources: str = ""):
+    def _actor(self, env: dict[str, str], resources: str = ""):
         # max_concurrency 2: `node_id` answers while `run` runs
-        actor = self._actor_cls.options(runtime_env={"env_vars": dict(self.env)}, resources=parse_resources(resources),
-                                        scheduling_strategy="SPREAD", max_concurrency=2).remote()
+        return self._actor_cls.options(runtime_env={"env_vars": dict(env)}, resources=parse_resources(resources),
+                                       scheduling_strategy="SPREAD", max_concurrency=2).remote()
+
+    def _start(self, fn, *args, resources: str = ""):
+        actor = self._actor(self.env, resources)
         return actor, actor.run.remote(fn, *args)
 
     def _done(self, ref) -> bool:
         return bool(self.ray.wait([ref], timeout=0)[0])
 
     def start_trainer(self, cfg, run_dir, num_steps):
+        """The trainer group: `async_.trainer_processes` actors (one per host), joined by
+        jax.distributed through a coordinator address that actor 0 picks on its node. A previous
+        group (a broken one whose survivors hang in a collective) is killed first."""
+        self._kill_trainers()
         self._trainer_code = None
-        self.trainer, self._trainer_ref = self._start(trainer_main, cfg, run_dir, num_steps,
-                                                      resources=cfg.async_.trainer_resources)
+        n = int(cfg.async_.trainer_processes)
+        env = child_env(cfg, n)
+        actors = [self._actor(env, cfg.async_.trainer_resources) for _ in range(n)]
+        coord = self.ray.get(actors[0].coordinator.remote(), timeout=120) if n > 1 else None
+        self.trainers = actors
+        self._trainer_refs = [x.run.remote(trainer_main, cfg, run_dir, num_steps, None if n == 1 else (coord, n, i))
+                              for i, x in enumerate(actors)]
 
     def trainer_alive(self):
-        return self._trainer_ref is not None and not self._done(self._trainer_ref)
+        """All processes of the group run (one lost process makes the whole group dead)."""
+        return bool(self._trainer_refs) and not any(self._done(r) for r in self._trainer_refs)
 
     def trainer_exitcode(self):
-        if self._trainer_ref is None or not self._done(self._trainer_ref):
+        """None while every process runs; else the first failure's code (0 if all finished cleanly)."""
+        done = [r for r in self._trainer_refs if self._done(r)]
+        if not done:
             return None
-        if self._trainer_code is None:
-            try:
-                self.ray.get(self._trainer_ref)
-                self._trainer_code = 0
-            except self.ray.exceptions.RayActorError:
-                self._trainer_code = -int(signal.SIGKILL)      # the actor's process died
-            except self.ray.exceptions.RayTaskError:
-                self._trainer_code = 1                          # trainer_main raised
+        if self._trainer_code is None or self._trainer_code == 0:
+            codes = [self._exitcode(r) for r in done]
+            self._trainer_code = next((c for c in codes if c != 0), 0)
         return self._trainer_code
 
+    def _exitcode(self, ref) -> int:
+        try:
+            self.ray.get(ref)
+            return 0
+        except self.ray.exceptions.RayActorError:
+            return -int(signal.SIGKILL)      # the actor's process died
+        except self.ray.exceptions.RayTaskError:
+            return 1                          # trainer_main raised
+
     def kill_trainer(self):
-        if self.trainer is not None:
-            self.ray.kill(self.trainer, no_restart=True)
-            self.ray.wait([self._trainer_ref], timeout=30)
+        """Kill the group's last process (fault injection: the others then hang, so the group is dead)."""
+        if self.trainers:
+            self.ray.kill(self.trainers[-1], no_restart=True)
+            self.ray.wait([self._trainer_refs[-1]], timeout=30)
+
+    def _kill_trainers(self):
+        for x in self.trainers:
+            self.ray.kill(x, no_restart=True)
+        self.trainers, self._trainer_refs = [], []
 
     def wait_trainer(self, timeout: float) -> int | None:
-        """Block until the trainer finishes (or `timeout`); its exit code (None if still running)."""
-        self.ray.wait([self._trainer_ref], timeout=timeout)
-        return self.trainer_exitcode()
+        """Block until the trainer group finishes (or `timeout`); its exit code (None if still running)."""
+        self.ray.wait(self._trainer_refs, num_returns=len(self._trainer_refs), timeout=timeout)
+        return self.trainer_exitcode() if all(self._done(r) for r in self._trainer_refs) else None
 
     def start_rollout_workers(self, cfg, run_dir, n):
         for i in range(n):
@@ -480,10 +572,10 @@ class RayPool(WorkerPool):
             self.ray.wait(self._worker_refs, num_returns=len(self._worker_refs), timeout=30)
         for w in self.workers:
             self.ray.kill(w, no_restart=True)
-        if self.trainer is not None:
+        if self.trainers:
             if self.trainer_alive():
-                self.ray.wait([self._trainer_ref], timeout=60)
-            self.ray.kill(self.trainer, no_restart=True)
+                self.ray.wait(self._trainer_refs, num_returns=len(self._trainer_refs), timeout=60)
+            self._kill_trainers()
         if self._owns_ray:
             self.ray.shutdown()
             if self._tmp:

@@ -25,6 +25,8 @@ def async_config() -> ml_collections.ConfigDict:
     #                                   "trainer=1": pins it to nodes started with --resources='{"trainer": 1}')
     a.rollout_resources = ""          # the same for each rollout actor (e.g. "rollout=1"); actors are SPREAD
     a.poll_s = 0.02                   # orchestrator / trainer polling interval
+    a.storage_url = ""                # groups/ and weights/ under this fsspec URL (e.g. "s3://bucket/runs",
+    #                                   "file:///shared/runs"; "" = the run directory), + "/<loop name>"
     a.weights_timeout_s = 600.0       # a worker waits this long for the weights version it needs
     # --- environment
     a.env = "toy"                     # "toy" (single-turn token task, no sandbox) | "experiment" (the task family
@@ -39,8 +41,8 @@ def async_config() -> ml_collections.ConfigDict:
     a.publish_dtype = "bfloat16"      # what samplers run ("bfloat16" | "float32"; trainer keeps f32 master)
     a.full_every = 10                 # full snapshot every N versions, deltas in between
     a.keep_fulls = 2                  # full-snapshot chains kept on disk
-    a.codec = "xor_zlib"              # "xor_zlib" (stdlib) | "xor_zstd" (needs zstandard)
-    a.codec_level = 6
+    a.codec = "xor_zstd"              # "xor_zstd" | "xor_zlib"; zstd-1 deltas: zlib-6's size, 8x faster
+    a.codec_level = 1                 # (benchmarks/transfer.py on real deltas, docs/PERF.md)
     a.shard_elems = 1 << 20           # leaves split into shards of this many elements
     a.publish_threads = 1             # compression threads
     # --- step-level checkpoints (orbax, horizon.train.checkpoint)

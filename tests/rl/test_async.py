@@ -188,11 +188,15 @@ def test_group_store_writes_once_and_scheduler_state_roundtrip(tmp_path):
 # ----------------------------------------------------------------------------- (b) kill + restart
 def test_a_killed_rollout_worker_is_replaced_and_its_batches_requested_again(tmp_path):
     """Ray pool, 2 workers, worker 0 killed once version 1 is out: the run finishes, every step trains
-    exactly `prompts_per_step` groups, each slot's group is written exactly once."""
-    c = small_cfg(max_staleness=1, num_rollout_workers=2, publish_dtype="float32", poll_s=0.02)
+    exactly `prompts_per_step` groups, each slot's group is written exactly once. Groups and weights
+    go through a storage URL (`async_.storage_url`, file:// here), not the run directory."""
+    c = small_cfg(max_staleness=1, num_rollout_workers=2, publish_dtype="float32", poll_s=0.02,
+                  storage_url=f"file://{tmp_path}/bucket")
     steps = 3
     run = tmp_path / "run"
     res = async_loop.Orchestrator(c, run, num_steps=steps, kill_worker_at=1).run()
+    assert not (run / "groups").exists() and ws.latest_version(tmp_path / "bucket" / "run" / "weights") == steps
+    assert storage.GroupStore(tmp_path / "bucket" / "run" / "groups").ready_slots() == list(range(steps * 2))
     assert res["worker_restarts"] >= 1
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
     assert any(e.get("kind") == "worker_killed" for e in events)

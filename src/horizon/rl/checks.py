@@ -222,6 +222,21 @@ def validate_experiment(c, env: str) -> None:
             need_int(e, k, "exp", lo=1)
 
 
+def validate_storage_url(url: str) -> None:
+    """`async_.storage_url`: "" or a URL of an fsspec protocol whose implementation imports here."""
+    if not url:
+        return
+    from fsspec.core import split_protocol  # noqa: PLC0415
+
+    from horizon.utils.files import storage_protocols  # noqa: PLC0415
+
+    proto = split_protocol(url)[0] or "file"
+    ok = storage_protocols()
+    need(proto in ok, "async_.storage_url", url,
+         f"protocol {proto!r} has no fsspec implementation here (install its package, e.g. s3fs / gcsfs); "
+         f"available: {', '.join(ok)}")
+
+
 def validate_async(c) -> None:
     """experiments/rl_async.py: model, `rl`, the `async_` section and, for `async_.env="experiment"`,
     the experiment's family, sandboxes and pool (`exp.steps` is every loop's step count)."""
@@ -247,6 +262,7 @@ def validate_async(c) -> None:
             parse_resources(a.get(k, ""))
         except ValueError as e:
             need(False, f"async_.{k}", a.get(k), str(e))
+    validate_storage_url(str(a.get("storage_url", "") or ""))
     n = need_int(a, "trainer_processes", "async_", lo=1)
     devices = mesh_devices(c)
     need(devices % n == 0, "async_.trainer_processes", n, f"must divide the mesh's {devices} devices")

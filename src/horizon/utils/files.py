@@ -20,3 +20,78 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+class UrlDir:
+    """A flat directory addressed by a local path or an fsspec URL (``file://``, ``memory://``,
+    ``s3://``, ``gs://`` with their fsspec packages installed): the async runtime's group and weight
+    stores (SPEC §4.1) on whatever storage every node of a cluster sees.
+
+    `write` is atomic for readers: on a local filesystem `atomic_write_bytes` (tmp + rename); on an
+    object store a single PUT is (an object appears whole or not at all), so writers commit by
+    writing a pointer object last, as the weight publisher does with LATEST."""
+
+    def __init__(self, url: str | os.PathLike):
+        from fsspec.core import url_to_fs  # noqa: PLC0415
+        from fsspec.implementations.local import LocalFileSystem  # noqa: PLC0415
+
+        self.url = str(url)
+        self.fs, self.root = url_to_fs(self.url)
+        self.root = self.root.rstrip("/") or "/"
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self._made = False
+
+    def __str__(self) -> str:
+        return self.url
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def exists(self, name: str) -> bool:
+        return self.fs.exists(self.path(name))
+
+    def read(self, name: str) -> bytes:
+        return self.fs.cat_file(self.path(name))
+
+    def write(self, name: str, data: bytes) -> None:
+        if not self._made:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self._made = True
+        if self.local:
+            atomic_write_bytes(self.path(name), data)
+        else:
+            self.fs.pipe_file(self.path(name), data)
+
+    def names(self) -> list[str]:
+        """File names in the directory (temporaries of `atomic_write_bytes` included: callers match
+        the names they own)."""
+        try:
+            found = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in found]
+
+    def remove(self, name: str) -> None:
+        """Delete `name` (absent already: nothing to do)."""
+        try:
+            self.fs.rm_file(self.path(name))
+        except FileNotFoundError:
+            pass
+
+
+def url_dir(d: str | os.PathLike | UrlDir) -> UrlDir:
+    return d if isinstance(d, UrlDir) else UrlDir(d)
+
+
+def storage_protocols() -> list[str]:
+    """fsspec protocols whose implementation imports here (for one-line config errors)."""
+    from fsspec.registry import known_implementations, get_filesystem_class  # noqa: PLC0415
+
+    ok = []
+    for p in sorted(known_implementations):
+        try:
+            get_filesystem_class(p)
+            ok.append(p)
+        except (ImportError, ValueError):
+            pass
+    return ok

@@ -139,6 +139,14 @@ def _setup_jax(cfg) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def data_root(cfg, run_dir) -> str:
+    """Where a loop's `groups/` and `weights/` live: the run directory, or with `async_.storage_url`
+    (an fsspec URL every node sees, e.g. s3://bucket/runs) `<storage_url>/<run dir name>`.
+    Checkpoints (orbax, its own path handling) and logs stay in the run directory."""
+    url = str(cfg.async_.get("storage_url", "") or "").rstrip("/")
+    return str(run_dir) if not url else f"{url}/{pathlib.Path(run_dir).name}"
+
+
 def make_publisher(cfg, directory) -> weight_sync.WeightPublisher:
     a = cfg.async_
     return weight_sync.WeightPublisher(directory, dtype=str(a.publish_dtype), codec=str(a.codec),
@@ -203,13 +211,14 @@ def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] |
     a = cfg.async_
     run = pathlib.Path(run_dir)
     N = int(cfg.rl.prompts_per_step)
-    store = storage.GroupStore(run / "groups")
+    data = data_root(cfg, run)
+    store = storage.GroupStore(f"{data}/groups")
     log = run / "trainer.jsonl" if main else None
     state, ckpt, meta = runtime.resume_rl_state(initial_params(cfg), cfg, run / "ckpt")
     start = 0 if meta is None else int(meta["step"])
     apub = None
     if main:
-        pub = make_publisher(cfg, run / "weights")
+        pub = make_publisher(cfg, f"{data}/weights")
         pub.resume()
         apub = weight_sync.AsyncPublisher(pub)
     publish = _group_publisher(apub, dist is not None)
@@ -268,8 +277,9 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
     run = pathlib.Path(run_dir)
     tok = tokenizer_from_config(cfg)
     template = jax.eval_shape(lambda: numpy_init(cfg.model, 0))
-    source = workers.WeightSource(run / "weights", template, min_interval_s=float(a.weight_poll_interval_s))
-    store = storage.GroupStore(run / "groups")
+    data = data_root(cfg, run)
+    source = workers.WeightSource(f"{data}/weights", template, min_interval_s=float(a.weight_poll_interval_s))
+    store = storage.GroupStore(f"{data}/groups")
     env = workers.ENVS[runtime.env_name(cfg)](cfg)       # this worker's environment (its pooled sandboxes)
     name = f"w{worker_id}"
     try:
@@ -374,7 +384,7 @@ def sync_main(cfg, run_dir: str) -> None:
     log = loop.JsonlLog(run / "metrics.jsonl")
     try:
         loop.run_rl(initial_params(cfg), env, cfg, tokenizer_from_config(cfg), run, log,
-                    store=storage.GroupStore(run / "groups"))
+                    store=storage.GroupStore(f"{data_root(cfg, run)}/groups"))
     finally:
         env.close()
         log.close()
@@ -648,7 +658,8 @@ class Orchestrator:
         a = cfg.async_
         self.N = int(cfg.rl.prompts_per_step)
         self.sched = StalenessScheduler(self.N, int(a.max_staleness))
-        self.store = storage.GroupStore(self.run_dir / "groups")
+        self.data = data_root(cfg, self.run_dir)
+        self.store = storage.GroupStore(f"{self.data}/groups")
         self.schedule = runtime.PromptSchedule(cfg, self.num_steps, lag=int(a.max_staleness))
         st = storage.SchedulerState.load(self.run_dir / "scheduler.json")
         if st is None:
@@ -695,7 +706,7 @@ class Orchestrator:
 
     def run(self) -> dict:
         a = self.cfg.async_
-        weights = self.run_dir / "weights"
+        weights = f"{self.data}/weights"
         t_start = time.time()
         # resume: groups already on disk are not regenerated
         ready = set(self.store.ready_slots())

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from horizon.utils.files import atomic_write_bytes
+from horizon.utils.files import UrlDir, atomic_write_bytes, url_dir
 
 _GROUP_RE = re.compile(r"group_(\d{8})\.pkl")
 
@@ -63,32 +63,31 @@ class GroupRecord:
 
 
 class GroupStore:
-    """Directory of `group_<slot>.pkl` files, written once each (atomic, no overwrite)."""
+    """Directory (a path or fsspec URL, `UrlDir`) of `group_<slot>.pkl` files, written once each
+    (atomic, no overwrite)."""
 
-    def __init__(self, root: str | pathlib.Path):
-        self.root = pathlib.Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: str | pathlib.Path | UrlDir):
+        self.root = url_dir(root)
 
-    def path(self, slot: int) -> pathlib.Path:
-        return self.root / f"group_{int(slot):08d}.pkl"
+    @staticmethod
+    def name(slot: int) -> str:
+        return f"group_{int(slot):08d}.pkl"
 
     def has(self, slot: int) -> bool:
-        return self.path(slot).exists()
+        return self.root.exists(self.name(slot))
 
     def put(self, record: GroupRecord) -> bool:
         """Write `record`; returns False (and writes nothing) if the slot already has a group."""
-        p = self.path(record.slot)
-        if p.exists():
+        if self.has(record.slot):
             return False
-        atomic_write_bytes(p, pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+        self.root.write(self.name(record.slot), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
         return True
 
     def get(self, slot: int) -> GroupRecord:
-        with open(self.path(slot), "rb") as f:
-            return pickle.load(f)
+        return pickle.loads(self.root.read(self.name(slot)))
 
     def ready_slots(self) -> list[int]:
-        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _GROUP_RE.fullmatch(p.name)))
+        return sorted(int(m.group(1)) for n in self.root.names() if (m := _GROUP_RE.fullmatch(n)))
 
 
 class SchedulerState:

@@ -1,8 +1,13 @@
-"""Weight sync by compressed deltas over a shared directory (SPEC §4 "Weight sync by deltas").
+"""Weight sync by compressed deltas through storage addressed by URL (SPEC §4 "Weight sync by deltas").
 
-The trainer *publishes* each policy version; rollout workers *receive* it. A shared
-filesystem directory stands in for object storage (S3/GCS); every write is atomic
-(tmp file + `os.replace`), so a reader sees a version completely or not at all.
+The trainer *publishes* each policy version; rollout workers *receive* it. The directory is a
+local path or an fsspec URL (`horizon.utils.files.UrlDir`: a shared filesystem, s3://, gs://);
+every write is atomic (tmp file + rename locally, one PUT on an object store) and a version is
+committed by its entry and then LATEST, written after its data, so a reader sees a version
+completely or not at all. Why storage and not Ray's object store (measured by
+benchmarks/transfer.py, docs/PERF.md): versions must outlive the trainer process that made them
+(a restarted trainer re-adopts the newest one as its delta base; a Ray object dies with its
+owner), and publishing runs in a background thread, so its ~20 ms at make-run size are hidden.
 
 Encoding (per leaf, split into shards of at most `shard_elems` elements so shards can be
 compressed in parallel and, on a real cluster, uploaded per rank / per shard):
@@ -13,8 +18,9 @@ compressed in parallel and, on a real cluster, uploaded per rank / per shard):
   (bit-exact, no float arithmetic, so the receiver rebuilds exactly); a **full** snapshot is
   the XOR against zeros, i.e. the raw bits;
 * the bytes are *shuffled* (all first bytes, then all second bytes, ...; byte planes), so the
-  many all-zero high bytes of an XOR delta form long zero runs, then compressed with zlib
-  (stdlib; `codec="xor_zstd"` uses zstandard if it is installed, it is not a dependency).
+  many all-zero high bytes of an XOR delta form long zero runs, then compressed:
+  `codec="xor_zstd"` (zstandard; the configs' default at level 1: on real deltas as small as
+  zlib-6 and 8x faster to compress, benchmarks/transfer.py) or `"xor_zlib"` (stdlib).
 
 After a small-LR Adam step most bf16 values do not change at all (the step is below half an
 ulp), so the delta is mostly zero bytes and compresses far below the full size; see
@@ -55,7 +61,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from horizon.utils.files import atomic_write_bytes
+from horizon.utils.files import UrlDir, url_dir
 
 CODECS = ("xor_zlib", "xor_zstd")
 DTYPES = ("bfloat16", "float32")
@@ -126,18 +132,20 @@ def nbytes(flat: dict[str, np.ndarray]) -> int:
 
 
 # ----------------------------------------------------------------------------- codec
-def _bits(a: np.ndarray) -> np.ndarray:
+def bits(a: np.ndarray) -> np.ndarray:
+    """`a` flattened and viewed as unsigned ints of its width (what the XOR delta works on)."""
     return np.ascontiguousarray(a).reshape(-1).view(np.dtype(f"u{a.dtype.itemsize}"))
 
 
-def _compressor(codec: str, level: int) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
+def compressor(codec: str, level: int) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
     if codec == "xor_zlib":
         return (lambda b: zlib.compress(b, level)), zlib.decompress
     if codec == "xor_zstd":
         try:
-            import zstandard  # noqa: PLC0415 - optional, not a dependency
+            import zstandard  # noqa: PLC0415
         except ImportError as e:
-            raise ValueError("codec 'xor_zstd' needs the zstandard package (not installed); use 'xor_zlib'") from e
+            raise ValueError("codec 'xor_zstd' needs the zstandard package (pip install zstandard); "
+                             "or use 'xor_zlib'") from e
         return (lambda b: zstandard.ZstdCompressor(level=level).compress(b)), \
             (lambda b: zstandard.ZstdDecompressor().decompress(b))
     raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
@@ -163,23 +171,20 @@ def _vname(v: int) -> str:
     return f"v{int(v):08d}"
 
 
-def committed_versions(directory: str | pathlib.Path) -> list[int]:
-    d = pathlib.Path(directory)
-    if not d.exists():
-        return []
-    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _VER_RE.fullmatch(p.name)))
+def committed_versions(directory: str | pathlib.Path | UrlDir) -> list[int]:
+    return sorted(int(m.group(1)) for n in url_dir(directory).names() if (m := _VER_RE.fullmatch(n)))
 
 
-def read_entry(directory: str | pathlib.Path, version: int) -> dict:
-    return json.loads((pathlib.Path(directory) / f"{_vname(version)}.json").read_text())
+def read_entry(directory: str | pathlib.Path | UrlDir, version: int) -> dict:
+    return json.loads(url_dir(directory).read(f"{_vname(version)}.json"))
 
 
-def latest_version(directory: str | pathlib.Path) -> int | None:
+def latest_version(directory: str | pathlib.Path | UrlDir) -> int | None:
     """Newest committed version (the LATEST pointer; falls back to scanning entries)."""
-    d = pathlib.Path(directory)
+    d = url_dir(directory)
     try:
-        v = int((d / "LATEST").read_text().strip())
-        if (d / f"{_vname(v)}.json").exists():
+        v = int(d.read("LATEST").decode().strip())
+        if d.exists(f"{_vname(v)}.json"):
             return v
     except (FileNotFoundError, ValueError):
         pass
@@ -204,17 +209,16 @@ class PublishStats:
 class WeightPublisher:
     """Writes versions as a chain of compressed deltas + periodic full snapshots (module doc)."""
 
-    def __init__(self, directory: str | pathlib.Path, *, dtype: str = "bfloat16", codec: str = "xor_zlib",
-                 level: int = 6, full_every: int = 10, keep_fulls: int = 2, shard_elems: int = 1 << 20,
+    def __init__(self, directory: str | pathlib.Path | UrlDir, *, dtype: str = "bfloat16", codec: str = "xor_zstd",
+                 level: int = 1, full_every: int = 10, keep_fulls: int = 2, shard_elems: int = 1 << 20,
                  num_threads: int = 2):
         if full_every < 1 or keep_fulls < 1 or shard_elems < 1 or num_threads < 1:
             raise ValueError(f"bad publisher options: full_every={full_every} keep_fulls={keep_fulls} "
                              f"shard_elems={shard_elems} num_threads={num_threads}")
-        self.dir = pathlib.Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = url_dir(directory)
         self.dtype, self.codec, self.level = dtype, codec, int(level)
         self.full_every, self.keep_fulls, self.shard_elems = int(full_every), int(keep_fulls), int(shard_elems)
-        self._compress, _ = _compressor(codec, self.level)
+        self._compress, _ = compressor(codec, self.level)
         self._pool = concurrent.futures.ThreadPoolExecutor(num_threads) if num_threads > 1 else None
         self._base: dict[str, np.ndarray] | None = None   # last published (publish dtype)
         self._base_version: int | None = None
@@ -244,9 +248,9 @@ class WeightPublisher:
         flat = cast_flat(flat if flat is not None else flatten_params(params), self.dtype)
         digest = params_digest(flat)
         full_bytes = nbytes(flat)
-        path_json = self.dir / f"{_vname(version)}.json"
-        if path_json.exists():
-            entry = json.loads(path_json.read_text())
+        name_json = f"{_vname(version)}.json"
+        if self.dir.exists(name_json):
+            entry = json.loads(self.dir.read(name_json))
             if entry["sha256_params"] != digest:
                 raise IntegrityError(f"version {version} already published with different weights "
                                      f"(non-deterministic recompute after restart?)")
@@ -259,10 +263,10 @@ class WeightPublisher:
         kind = "full" if full else "delta"
         jobs = []
         for name, arr in flat.items():
-            bits = _bits(arr)
-            bbits = None if full else _bits(self._base[name])
-            for s in range(0, max(bits.size, 1), self.shard_elems):
-                jobs.append((name, bits[s:s + self.shard_elems], None if bbits is None else bbits[s:s + self.shard_elems]))
+            nbits = bits(arr)
+            bbits = None if full else bits(self._base[name])
+            for s in range(0, max(nbits.size, 1), self.shard_elems):
+                jobs.append((name, nbits[s:s + self.shard_elems], None if bbits is None else bbits[s:s + self.shard_elems]))
         blobs = self._map(lambda j: encode_shard(j[1], j[2], self._compress), jobs)
         leaves, offset, chunks = {}, 0, []
         for (name, shard, _), blob in zip(jobs, blobs):
@@ -272,13 +276,13 @@ class WeightPublisher:
             offset += len(blob)
             chunks.append(blob)
         data = b"".join(chunks)
-        atomic_write_bytes(self.dir / f"{_vname(version)}.bin", data)
+        self.dir.write(f"{_vname(version)}.bin", data)
         entry = dict(version=int(version), kind=kind, base=None if full else int(self._base_version),
                      dtype=self.dtype, codec=self.codec, leaves=leaves, file_bytes=len(data),
                      full_bytes=full_bytes, sha256_file=hashlib.sha256(data).hexdigest(),
                      sha256_params=digest, time=time.time())
-        atomic_write_bytes(path_json, json.dumps(entry).encode())   # commit point
-        atomic_write_bytes(self.dir / "LATEST", str(int(version)).encode())
+        self.dir.write(name_json, json.dumps(entry).encode())   # commit point
+        self.dir.write("LATEST", str(int(version)).encode())
         self._base, self._base_version = flat, int(version)
         if full:
             self._last_full = int(version)
@@ -293,14 +297,11 @@ class WeightPublisher:
             cut = fulls[-self.keep_fulls]
             for v in [v for v in vs if v < cut]:
                 for suffix in (".json", ".bin"):   # entry first: a reader never sees a json without its bin
-                    try:
-                        (self.dir / f"{_vname(v)}{suffix}").unlink()
-                    except FileNotFoundError:
-                        pass
+                    self.dir.remove(f"{_vname(v)}{suffix}")
                 entries.pop(v)
         summary = [dict(version=v, kind=e["kind"], base=e["base"], sha256_params=e["sha256_params"],
                         file_bytes=e["file_bytes"], full_bytes=e["full_bytes"]) for v, e in sorted(entries.items())]
-        atomic_write_bytes(self.dir / "manifest.json", json.dumps(summary, indent=1).encode())
+        self.dir.write("manifest.json", json.dumps(summary, indent=1).encode())
 
     def close(self) -> None:
         if self._pool is not None:
@@ -338,8 +339,8 @@ class AsyncPublisher:
 class WeightReceiver:
     """Rebuilds published versions from the delta chain, verifying sha256 (module docstring)."""
 
-    def __init__(self, directory: str | pathlib.Path, *, verify: bool = True):
-        self.dir = pathlib.Path(directory)
+    def __init__(self, directory: str | pathlib.Path | UrlDir, *, verify: bool = True):
+        self.dir = url_dir(directory)
         self.verify = verify
         self._flat: dict[str, np.ndarray] | None = None
         self._version: int | None = None
@@ -355,10 +356,10 @@ class WeightReceiver:
     def _apply(self, entry: dict, base: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         import ml_dtypes  # noqa: PLC0415
 
-        _, decompress = _compressor(entry["codec"], 0)
+        _, decompress = compressor(entry["codec"], 0)
         v = entry["version"]
         try:
-            data = (self.dir / f"{_vname(v)}.bin").read_bytes()
+            data = self.dir.read(f"{_vname(v)}.bin")
         except FileNotFoundError as e:
             raise IntegrityError(f"version {v}: data file missing (pruned?)") from e
         if self.verify and hashlib.sha256(data).hexdigest() != entry["sha256_file"]:
@@ -368,7 +369,7 @@ class WeightReceiver:
         for name, e in entry["leaves"].items():
             dt = np.dtype(ml_dtypes.bfloat16) if e["dtype"] == "bfloat16" else np.dtype(e["dtype"])
             udt = np.dtype(f"u{dt.itemsize}")
-            bbits = None if base is None else _bits(base[name])
+            bbits = None if base is None else bits(base[name])
             parts, start = [], 0
             for off, ln, n in e["shards"]:
                 b = None if bbits is None else bbits[start:start + n]

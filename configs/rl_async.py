@@ -15,6 +15,7 @@ def async_config() -> ml_collections.ConfigDict:
     a.max_staleness = 1               # trainer_version - token_version bound (admission control); 0 = synchronous
     a.num_rollout_workers = 1         # rollout processes
     a.trainer_processes = 1           # trainer actors (one per host), one jax.distributed job over the mesh
+    a.trainer_start_timeout_s = 300.0 # a trainer group's actor 0 must answer (coordinator address) within this
     a.queue_depth = 1                 # outstanding slot requests per worker (0 = rl.prompts_per_step; at
     #                                   least one generation batch)
     a.pool = "ray"                    # WorkerPool: "ray" (actors; horizon.rl.runtime.async_loop.RayPool)
@@ -24,6 +25,8 @@ def async_config() -> ml_collections.ConfigDict:
     a.trainer_resources = ""          # Ray custom resources each trainer actor needs, "name=amount,..." (e.g.
     #                                   "trainer=1": pins it to nodes started with --resources='{"trainer": 1}')
     a.rollout_resources = ""          # the same for each rollout actor (e.g. "rollout=1"); actors are SPREAD
+    a.docker_hosts = ""               # Docker engine per rollout node, "IP=URL,...,*=URL" ("" = each node's
+    #                                   DOCKER_HOST or local socket), e.g. "10.0.0.5=tcp://10.0.0.5:2375"
     a.poll_s = 0.02                   # orchestrator / trainer polling interval
     a.storage_url = ""                # groups/ and weights/ under this fsspec URL (e.g. "s3://bucket/runs",
     #                                   "file:///shared/runs"; "" = the run directory), + "/<loop name>"

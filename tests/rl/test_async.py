@@ -248,3 +248,16 @@ def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path, steps,
     for v in range(steps + 1):
         assert _weights_sha(run, v) == _weights_sha(ref, v), f"version {v} differs"
     assert len([r for r in async_loop.read_trainer_log(ref) if r["event"] == "start"]) == 1
+
+
+def test_placement_and_engine_specs_parse_or_fail_in_one_line():
+    assert async_loop.parse_resources("trainer=1, rollout=0.5") == {"trainer": 1.0, "rollout": 0.5}
+    assert async_loop.parse_resources("") == {}
+    with pytest.raises(ValueError, match="expected 'name=amount"):
+        async_loop.parse_resources("trainer")
+    spec = "10.0.0.5=tcp://10.0.0.5:2375,*=unix:///var/run/docker.sock"
+    assert async_loop.docker_host_for(spec, "10.0.0.5") == "tcp://10.0.0.5:2375"
+    assert async_loop.docker_host_for(spec, "10.0.0.6") == "unix:///var/run/docker.sock"
+    assert async_loop.docker_host_for("", "10.0.0.6") is None
+    with pytest.raises(ValueError, match="expected 'IP=URL"):
+        async_loop.docker_host_for("10.0.0.5=nohost", "10.0.0.5")

@@ -30,6 +30,7 @@ def _cfg(address: str):
     c.async_.ray_address = address
     c.async_.trainer_resources = "trainer=1"
     c.async_.rollout_resources = "rollout=1"
+    c.async_.docker_hosts = "*=unix:///var/run/docker.sock"     # every node's engine by address (one here)
     c.async_.num_rollout_workers = 2
     c.async_.queue_depth = 1
     c.async_.max_staleness = 1

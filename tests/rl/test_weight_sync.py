@@ -39,6 +39,12 @@ def adam_steps(params, n, lr=1e-5, seed=0):
     return out
 
 
+@pytest.fixture(scope="module")
+def trained(params):
+    """Six Adam steps from `params`, computed once (a test needing n takes the first n)."""
+    return adam_steps(params, 6)
+
+
 def where(kind, tmp_path):
     """A weights directory as a plain path, a file:// URL or an fsspec memory:// URL."""
     return {"path": tmp_path, "file": f"file://{tmp_path}", "memory": f"memory://ws/{tmp_path.name}"}[kind]
@@ -46,10 +52,10 @@ def where(kind, tmp_path):
 
 @pytest.mark.parametrize("dtype,kind", [("bfloat16", "path"), ("float32", "path"), ("bfloat16", "memory"),
                                         ("float32", "file")])
-def test_chain_rebuild_is_bit_identical_and_small(tmp_path, params, dtype, kind):
+def test_chain_rebuild_is_bit_identical_and_small(tmp_path, params, trained, dtype, kind):
     tmp_path = where(kind, tmp_path)
     pub = ws.WeightPublisher(tmp_path, dtype=dtype, full_every=100)
-    versions = [params] + adam_steps(params, 3)
+    versions = [params] + trained[:3]
     stats = [pub.publish(p, v) for v, p in enumerate(versions)]
     assert [s.kind for s in stats] == ["full", "delta", "delta", "delta"]
     rx = ws.WeightReceiver(tmp_path)
@@ -85,9 +91,9 @@ def test_load_as_pytree_casts_to_template(tmp_path, params):
         np.testing.assert_array_equal(a, np.asarray(jnp.asarray(b).astype(jnp.bfloat16).astype(b.dtype)))
 
 
-def test_integrity_errors(tmp_path, params):
+def test_integrity_errors(tmp_path, params, trained):
     pub = ws.WeightPublisher(tmp_path, dtype="bfloat16")
-    nxt = adam_steps(params, 1)[0]
+    nxt = trained[0]
     pub.publish(params, 0)
     pub.publish(nxt, 1)
     p = tmp_path / "v00000001.bin"
@@ -104,9 +110,9 @@ def test_integrity_errors(tmp_path, params):
         ws.WeightReceiver(tmp_path).load_flat(0)
 
 
-def test_full_snapshots_prune_and_resume(tmp_path, params):
+def test_full_snapshots_prune_and_resume(tmp_path, params, trained):
     pub = ws.WeightPublisher(tmp_path, dtype="bfloat16", full_every=2, keep_fulls=2, shard_elems=1000)
-    vs = [params] + adam_steps(params, 6)
+    vs = [params] + trained
     kinds = [pub.publish(p, v).kind for v, p in enumerate(vs)]
     assert kinds == ["full", "delta", "full", "delta", "full", "delta", "full"]
     # only the last two full chains remain; no temp files leaked
@@ -135,7 +141,7 @@ def test_async_publisher_does_not_hold_device_buffers(tmp_path, params):
     assert ws.WeightReceiver(tmp_path).load_flat(0)["embed"].dtype == np.float32
 
 
-def test_a_reader_never_sees_a_partial_version_on_an_object_store(tmp_path, params, monkeypatch):
+def test_a_reader_never_sees_a_partial_version_on_an_object_store(tmp_path, params, trained, monkeypatch):
     """memory:// (an object store: each write is one PUT): after every single write of a publish, the
     newest committed version loads and verifies (data objects first, the entry, LATEST last)."""
     d = where("memory", tmp_path)
@@ -150,22 +156,42 @@ def test_a_reader_never_sees_a_partial_version_on_an_object_store(tmp_path, para
             ws.WeightReceiver(d).load_flat(v)      # raises on a torn / missing piece
         seen.append((name, v))
     monkeypatch.setattr(UrlDir, "write", write_then_read)
-    for v, p in enumerate([params] + adam_steps(params, 3)):
+    for v, p in enumerate([params] + trained[:3]):
         pub.publish(p, v)
     assert [v for n, v in seen if n == "LATEST"] == [0, 1, 2, 3]
     assert ws.committed_versions(d)[-1] == 3
 
 
-def test_group_store_on_a_url_writes_once(tmp_path):
-    from horizon.rl.runtime.storage import GroupRecord, GroupStore
+def group(prompt_id, slot=3):
+    from horizon.rl.runtime.storage import GroupRecord
 
-    st = GroupStore(where("memory", tmp_path))
-    def rec(prompt_id):
-        return GroupRecord(slot=3, prompt_id=prompt_id, trajectories=[], rewards=[1.0, 0.0], advantages=[0.5, -0.5],
-                           min_version=0, max_version=0, start_version=0, generated_tokens=0, worker="w0", seconds=0.0)
-    assert st.put(rec("a")) and not st.put(rec("b"))
+    return GroupRecord(slot=slot, prompt_id=prompt_id, trajectories=[], rewards=[1.0, 0.0], advantages=[0.5, -0.5],
+                       min_version=0, max_version=0, start_version=0, generated_tokens=0, worker="w0", seconds=0.0)
+
+
+@pytest.mark.parametrize("kind", ["memory", "file", "path"])
+def test_group_store_on_a_url_writes_once(tmp_path, kind):
+    from horizon.rl.runtime.storage import GroupStore
+
+    st = GroupStore(where(kind, tmp_path / "groups" if kind == "path" else tmp_path))
+    assert st.ready_slots() == [] and not st.has(3)
+    assert st.put(group("a")) and not st.put(group("b"))
     assert st.has(3) and not st.has(4) and st.ready_slots() == [3]
     assert st.get(3).prompt_id == "a"
+
+
+def test_group_store_concurrent_writers_one_wins(tmp_path):
+    """Local storage: writers racing on one slot (a re-requested batch) -> exactly one writes, no tmp left."""
+    import concurrent.futures
+
+    from horizon.rl.runtime.storage import GroupStore
+
+    st = GroupStore(tmp_path)
+    n = 8
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        wrote = list(ex.map(lambda i: st.put(group(f"p{i}", slot=5)), range(n)))
+    assert sum(wrote) == 1 and st.get(5).prompt_id == f"p{wrote.index(True)}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [GroupStore.name(5)]
 
 
 def test_storage_url_protocol_is_checked():

@@ -19,7 +19,7 @@ from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
 from horizon.rl.maths import losses, rewards
-from horizon.rl.runtime.async_loop import POOLS, mesh_devices, parse_resources
+from horizon.rl.runtime.async_loop import POOLS, docker_host_for, mesh_devices, parse_resources
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
 from horizon.train.optim import validate_optim_config
@@ -251,7 +251,7 @@ def validate_async(c) -> None:
         need_int(a, k, "async_", lo=1)
     need_int(a, "queue_depth", "async_", lo=0)      # 0 = rl.prompts_per_step (async_loop.worker_queue_depth)
     need_int(a, "prompt_start", "async_", lo=0)
-    for k in ("poll_s", "weights_timeout_s"):
+    for k in ("poll_s", "weights_timeout_s", "trainer_start_timeout_s"):
         need_float(a, k, "async_", 0.0, lo_open=True)
     need_float(a, "weight_poll_interval_s", "async_", 0.0)
     need_choice(a, "env", "async_", ("toy", "experiment"))
@@ -263,6 +263,10 @@ def validate_async(c) -> None:
         except ValueError as e:
             need(False, f"async_.{k}", a.get(k), str(e))
     validate_storage_url(str(a.get("storage_url", "") or ""))
+    try:
+        docker_host_for(a.get("docker_hosts", ""), "")
+    except ValueError as e:
+        need(False, "async_.docker_hosts", a.get("docker_hosts"), str(e))
     n = need_int(a, "trainer_processes", "async_", lo=1)
     devices = mesh_devices(c)
     need(devices % n == 0, "async_.trainer_processes", n, f"must divide the mesh's {devices} devices")

@@ -9,17 +9,36 @@ import threading
 TMP_MARK = ".tmp."      # in every temporary name `atomic_write_bytes` uses (readers may skip such files)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """tmp file + fsync + rename: readers see the old file or the new one, never a torn one (the tmp
-    name is per process and thread: the weight publisher writes from a thread pool). The one atomic
-    write of the repo (RL group / scheduler / weight stores, checkpoint manifests)."""
-    path = pathlib.Path(path)
+def _write_tmp(path: pathlib.Path, data: bytes) -> pathlib.Path:
+    """`data` in a fsynced temporary next to `path` (the name is per process and thread: the weight
+    publisher writes from a thread pool)."""
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}.{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """tmp file + fsync + rename: readers see the old file or the new one, never a torn one. The one
+    atomic write of the repo (RL group / scheduler / weight stores, checkpoint manifests)."""
+    path = pathlib.Path(path)
+    os.replace(_write_tmp(path, data), path)
+
+
+def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
+    """Like `atomic_write_bytes`, but never replaces an existing file: tmp + hard link (which fails
+    if `path` exists, even under a concurrent writer). Returns whether this call created it."""
+    path = pathlib.Path(path)
+    tmp = _write_tmp(path, data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
 
 
 class UrlDir:
@@ -53,14 +72,30 @@ class UrlDir:
     def read(self, name: str) -> bytes:
         return self.fs.cat_file(self.path(name))
 
-    def write(self, name: str, data: bytes) -> None:
+    def write_dir(self) -> None:
+        """Create the directory (once per instance; object stores have none to create)."""
         if not self._made:
             self.fs.makedirs(self.root, exist_ok=True)
             self._made = True
+
+    def write(self, name: str, data: bytes) -> None:
+        self.write_dir()
         if self.local:
             atomic_write_bytes(self.path(name), data)
         else:
             self.fs.pipe_file(self.path(name), data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Write `name` only if it does not exist; returns whether this call wrote it. Local: atomic
+        even between concurrent writers (`atomic_create_bytes`); object store: check, then one PUT
+        (two writers racing on one name both write, the last one wins)."""
+        if self.local:
+            self.write_dir()
+            return atomic_create_bytes(self.path(name), data)
+        if self.exists(name):
+            return False
+        self.write(name, data)
+        return True
 
     def names(self) -> list[str]:
         """File names in the directory (temporaries of `atomic_write_bytes` included: callers match

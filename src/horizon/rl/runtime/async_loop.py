@@ -75,7 +75,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from horizon.rl.runtime import core as runtime, storage, weight_sync
+from horizon.rl.runtime import core as runtime, distributed, storage, weight_sync
 
 def numpy_init(mcfg, seed: int) -> dict:
     """`horizon.model.params.numpy_init`, imported lazily: this module keeps jax out of import time
@@ -177,36 +177,12 @@ def token_staleness(groups_records, step: int) -> dict[int, int]:
 
 
 # ----------------------------------------------------------------------------- trainer process
-def join_trainer_group(dist: tuple[str, int, int] | None) -> bool:
-    """Join the trainer's jax.distributed job (`dist` = (coordinator "host:port", processes, this
-    process's index); None = a single process). Returns whether this is process 0, the one that
-    logs and publishes. CPU processes exchange collectives through gloo."""
-    if dist is None:
-        return True
-    import jax  # noqa: PLC0415
-
-    coordinator, n, i = dist
-    if os.environ.get("JAX_PLATFORMS", "") == "cpu":     # (asking jax would start its backend too early)
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, int(n), int(i))
-    return jax.process_index() == 0
-
-
-def host_params(params, multiprocess: bool):
-    """Params as host numpy arrays for publishing; a trainer group gathers its shards first (every
-    process must call this)."""
-    if not multiprocess:
-        return params
-    from jax.experimental import multihost_utils  # noqa: PLC0415
-
-    return multihost_utils.process_allgather(params, tiled=True)
-
-
 def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] | None = None) -> None:
     """Trainer process: consume groups of step t (slot order), train, checkpoint, publish t+1.
-    With `dist` it is one process of a trainer group (`join_trainer_group`): every process reads the
-    same groups and runs the same step on the global mesh; process 0 logs and publishes."""
-    main = join_trainer_group(dist)
+    With `dist` = (coordinator, n, i) it is process i of a trainer group (`distributed.join`): every
+    process reads the same groups and runs the same step on the global mesh; process 0 logs and
+    publishes, and no process returns before it has published the last version."""
+    main = distributed.join(dist)
     _setup_jax(cfg)
     a = cfg.async_
     run = pathlib.Path(run_dir)
@@ -221,7 +197,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] |
         pub = make_publisher(cfg, f"{data}/weights")
         pub.resume()
         apub = weight_sync.AsyncPublisher(pub)
-    publish = _group_publisher(apub, dist is not None)
+    publish = distributed.group_publisher(apub, dist is not None)
     publish(state.params, start)          # version `start` (re-publish = bit-identity check)
     if apub is not None:
         apub.wait()
@@ -251,16 +227,8 @@ def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] |
     if apub is not None:
         apub.close()
     ckpt.close()
+    distributed.barrier("trainer done", dist is not None)    # the last version is out before any exits
     _jsonl(log, dict(event="done", pid=os.getpid(), step=num_steps, time=time.time()))
-
-
-def _group_publisher(apub, multiprocess: bool):
-    """publish(params, version): gather on every process of a group, submit on process 0 only."""
-    def publish(params, version):
-        host = host_params(params, multiprocess)
-        if apub is not None:
-            apub.submit(host, version)
-    return publish
 
 
 # ----------------------------------------------------------------------------- rollout process
@@ -275,6 +243,8 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
 
     a = cfg.async_
     run = pathlib.Path(run_dir)
+    if host := docker_host_for(a.get("docker_hosts", ""), _node_ip()):
+        os.environ["DOCKER_HOST"] = host      # read when this process makes its Docker client
     tok = tokenizer_from_config(cfg)
     template = jax.eval_shape(lambda: numpy_init(cfg.model, 0))
     data = data_root(cfg, run)
@@ -298,6 +268,13 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
                                 success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in rec.infos]))))
     finally:
         env.close()
+
+
+def _node_ip() -> str:
+    """This process's node address as Ray names it (`async_.docker_hosts` keys)."""
+    import ray  # noqa: PLC0415
+
+    return ray.util.get_node_ip_address()
 
 
 # ----------------------------------------------------------------------------- worker pools
@@ -404,6 +381,19 @@ def parse_resources(spec: str) -> dict[str, float]:
     return out
 
 
+def docker_host_for(spec: str, node_ip: str) -> str | None:
+    """The Docker engine a rollout worker on `node_ip` uses, from `async_.docker_hosts`
+    ("IP=URL,...,*=URL"; "" or no match = None: docker-py's default, DOCKER_HOST or the local socket)."""
+    table = {}
+    for part in filter(None, (x.strip() for x in str(spec or "").split(","))):
+        ip, eq, url = part.partition("=")
+        if not eq or not ip.strip() or "://" not in url:
+            raise ValueError(f"docker hosts {spec!r}: expected 'IP=URL,...' (URL like tcp://host:2375 or "
+                             f"unix:///var/run/docker.sock; IP '*' = every other node), got {part!r}")
+        table[ip.strip()] = url.strip()
+    return table.get(node_ip, table.get("*"))
+
+
 class _Runner:
     """A Ray actor that runs one of this module's process mains (`trainer_main`,
     `rollout_worker_main`) in its own worker process (env vars from `child_env` via runtime_env)."""
@@ -418,15 +408,8 @@ class _Runner:
         return ray.get_runtime_context().get_node_id()
 
     def coordinator(self) -> str:
-        """"ip:port" on this actor's node for a jax.distributed coordinator (a port free right now)."""
-        import socket  # noqa: PLC0415
-
-        import ray  # noqa: PLC0415
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
+        """"ip:port" on this actor's node for a trainer group's jax.distributed coordinator."""
+        return distributed.coordinator_address()
 
 
 class RayPool(WorkerPool):
@@ -490,24 +473,35 @@ class RayPool(WorkerPool):
         n = int(cfg.async_.trainer_processes)
         env = child_env(cfg, n)
         actors = [self._actor(env, cfg.async_.trainer_resources) for _ in range(n)]
-        coord = self.ray.get(actors[0].coordinator.remote(), timeout=120) if n > 1 else None
+        wait = float(cfg.async_.trainer_start_timeout_s)
+        coord = self.ray.get(actors[0].coordinator.remote(), timeout=wait) if n > 1 else None
         self.trainers = actors
-        self._trainer_refs = [x.run.remote(trainer_main, cfg, run_dir, num_steps, None if n == 1 else (coord, n, i))
-                              for i, x in enumerate(actors)]
+        self._trainer_refs = [x.run.remote(trainer_main, cfg, run_dir, num_steps, d)
+                              for x, d in zip(actors, distributed.group_args(coord, n))]
 
     def trainer_alive(self):
-        """All processes of the group run (one lost process makes the whole group dead)."""
-        return bool(self._trainer_refs) and not any(self._done(r) for r in self._trainer_refs)
+        """Every process of the group runs. One that stopped makes the whole group dead: after a
+        failure the survivors (hanging in a collective) are killed (`_reap_trainers`)."""
+        if any(self._done(r) for r in self._trainer_refs):
+            self._reap_trainers()
+            return False
+        return bool(self._trainer_refs)
 
     def trainer_exitcode(self):
-        """None while every process runs; else the first failure's code (0 if all finished cleanly)."""
-        done = [r for r in self._trainer_refs if self._done(r)]
-        if not done:
-            return None
-        if self._trainer_code is None or self._trainer_code == 0:
-            codes = [self._exitcode(r) for r in done]
-            self._trainer_code = next((c for c in codes if c != 0), 0)
-        return self._trainer_code
+        """None while every process runs; else the group's first failure's code (0 once all finished
+        cleanly; `distributed.group_exitcode`)."""
+        code = distributed.group_exitcode([self._exitcode(r) if self._done(r) else None for r in self._trainer_refs])
+        if code and self._trainer_code is None:
+            self._trainer_code = code          # the first failure, not the kills that follow it
+        return self._trainer_code if self._trainer_code is not None else code
+
+    def _reap_trainers(self) -> None:
+        """After a process of the group failed, kill the ones still running (they would wait forever
+        for the lost one in a collective)."""
+        if self.trainer_exitcode():
+            for x, r in zip(self.trainers, self._trainer_refs):
+                if not self._done(r):
+                    self.ray.kill(x, no_restart=True)
 
     def _exitcode(self, ref) -> int:
         try:
@@ -530,9 +524,15 @@ class RayPool(WorkerPool):
         self.trainers, self._trainer_refs = [], []
 
     def wait_trainer(self, timeout: float) -> int | None:
-        """Block until the trainer group finishes (or `timeout`); its exit code (None if still running)."""
-        self.ray.wait(self._trainer_refs, num_returns=len(self._trainer_refs), timeout=timeout)
-        return self.trainer_exitcode() if all(self._done(r) for r in self._trainer_refs) else None
+        """Block until the trainer group finishes, or fails (the survivors are then killed), or
+        `timeout`; its exit code (None if still running)."""
+        deadline = time.time() + timeout
+        while pending := [r for r in self._trainer_refs if not self._done(r)]:
+            if time.time() >= deadline:
+                return None
+            self.ray.wait(pending, num_returns=1, timeout=deadline - time.time())
+            self._reap_trainers()
+        return self.trainer_exitcode()
 
     def start_rollout_workers(self, cfg, run_dir, n):
         for i in range(n):

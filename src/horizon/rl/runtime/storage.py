@@ -3,11 +3,15 @@
 Three checkpoint levels make a restart cheap:
 
 * **step level** — trainer weights + optimizer state (orbax, `horizon.train.checkpoint`),
-  written by the trainer (`horizon.rl.runtime.loop.run_rl`, or `horizon.rl.runtime.async_loop.trainer_main`);
+  written by the trainer (`horizon.rl.runtime.loop.run_rl`, or `horizon.rl.runtime.async_loop.trainer_main`)
+  to the run directory (orbax has its own path handling; not `async_.storage_url`);
 * **group level** — `GroupStore`: every scored group (trajectories, rewards, Dr.GRPO
-  advantages, per-token policy-version tags) is written to disk *as soon as it is produced*,
-  one atomic file per slot. A restarted trainer reads ready groups instead of asking for
-  them again; a restarted scheduler re-requests only slots that have no group file;
+  advantages, per-token policy-version tags) is written to storage *as soon as it is produced*,
+  one atomic file per slot, under a path or fsspec URL (`async_.storage_url`: a shared filesystem,
+  s3://, gs://). A restarted trainer reads ready groups instead of asking for them again; a
+  restarted scheduler re-requests only slots that have no group file. (Storage, not Ray's object
+  store: a group must outlive the process that wrote it, a Ray object dies with its owner; at a
+  group's size both take ~2 ms, benchmarks/transfer.py, docs/PERF.md "Async data paths");
 * **rollout level** — `RolloutCheckpoints`: an in-progress episode's state (messages, stats,
   tool state) plus a sandbox filesystem snapshot (`Sandbox.snapshot()`; a Docker image for
   `DockerSandbox`, created with `keep_snapshots=True` so it outlives the process). Optional:
@@ -77,11 +81,11 @@ class GroupStore:
         return self.root.exists(self.name(slot))
 
     def put(self, record: GroupRecord) -> bool:
-        """Write `record`; returns False (and writes nothing) if the slot already has a group."""
+        """Write `record`; returns False (and writes nothing) if the slot already has a group (on a
+        local filesystem also under concurrent writers, `UrlDir.create`)."""
         if self.has(record.slot):
             return False
-        self.root.write(self.name(record.slot), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
-        return True
+        return self.root.create(self.name(record.slot), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
     def get(self, slot: int) -> GroupRecord:
         return pickle.loads(self.root.read(self.name(slot)))

@@ -5,9 +5,11 @@ local path or an fsspec URL (`horizon.utils.files.UrlDir`: a shared filesystem, 
 every write is atomic (tmp file + rename locally, one PUT on an object store) and a version is
 committed by its entry and then LATEST, written after its data, so a reader sees a version
 completely or not at all. Why storage and not Ray's object store (measured by
-benchmarks/transfer.py, docs/PERF.md): versions must outlive the trainer process that made them
-(a restarted trainer re-adopts the newest one as its delta base; a Ray object dies with its
-owner), and publishing runs in a background thread, so its ~20 ms at make-run size are hidden.
+benchmarks/transfer.py, docs/PERF.md "Async data paths"): versions must outlive the trainer process
+that made them (a restarted trainer re-adopts the newest one as its delta base; a Ray object dies
+with its owner). Ray's store is faster on one machine (a 254 MiB full version: 0.4 s put vs 1.3 s
+publish), but publishing runs in a background thread (`AsyncPublisher`) and a delta is ~0.1 of a
+full version in bf16; at make-run size both take a few ms.
 
 Encoding (per leaf, split into shards of at most `shard_elems` elements so shards can be
 compressed in parallel and, on a real cluster, uploaded per rank / per shard):
@@ -19,8 +21,9 @@ compressed in parallel and, on a real cluster, uploaded per rank / per shard):
   the XOR against zeros, i.e. the raw bits;
 * the bytes are *shuffled* (all first bytes, then all second bytes, ...; byte planes), so the
   many all-zero high bytes of an XOR delta form long zero runs, then compressed:
-  `codec="xor_zstd"` (zstandard; the configs' default at level 1: on real deltas as small as
-  zlib-6 and 8x faster to compress, benchmarks/transfer.py) or `"xor_zlib"` (stdlib).
+  `codec="xor_zstd"` (zstandard; the configs' default at level 1: on real bf16 and f32 deltas
+  within 1-3% of zlib-6's size, 8-11x faster to compress, benchmarks/transfer.py) or `"xor_zlib"`
+  (stdlib).
 
 After a small-LR Adam step most bf16 values do not change at all (the step is below half an
 ulp), so the delta is mostly zero bytes and compresses far below the full size; see

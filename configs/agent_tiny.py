@@ -29,6 +29,8 @@ def agent_config() -> ml_collections.ConfigDict:
     a.max_tool_timeout_s = 120.0      # cap on a model-requested run_shell timeout
     a.max_observation_bytes = 8192    # tool output clipped (head + tail kept) to this size
     a.strict_tools = True             # strict argument checking (training); False = lenient
+    a.tool_format = "horizon"         # tool-call text format (horizon.tools.format.FORMATS: "horizon" |
+    #                                   "hermes"); the SFT demonstrators write "horizon"
     a.max_malformed_calls = 3         # episode ends when this many turns failed to parse
     a.max_steps = 0                   # driver rounds before "max_steps" ends an episode; 0 = derived from the two
     #                                   above (horizon.agent.rollout.episode_step_limit)

@@ -50,7 +50,7 @@ from horizon.model import hf_import
 from horizon.rl import checks
 from horizon.rl.rollout import sampler
 from horizon.rl.runtime import loop, workers
-from horizon.tools.format import parse_action
+from horizon.tools.format import tool_format
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
 
@@ -73,7 +73,7 @@ def sft_check(params, family, tasks, c, tok, key) -> dict:
         gen = [g for i in range(0, len(ctx), n) for g in sampler.generate(
             params, ctx[i:i + n], jax.random.fold_in(key, i), cfg=c, max_new_tokens=int(c.agent.max_new_tokens),
             **kw).tokens]
-        acts = [parse_action(tok.decode(g)) for g in gen]
+        acts = [tool_format(c.agent.tool_format).parse_action(tok.decode(g)) for g in gen]
         ok = [getattr(a, "kind", "") == "call" and a.name == t.solution[0]["name"] for a, t in zip(acts, tasks)]
         out[f"{name}_wellformed"] = float(np.mean(ok))
         for arg in tasks[0].solution[0]["args"]:

@@ -94,6 +94,25 @@ def test_scripted_episode_solves_and_counts_stats():
     assert "5\n[exit code: 0]" in obs[3]
 
 
+def test_an_episode_parses_the_configured_tool_format():
+    """agent.tool_format = "hermes": the system prompt teaches JSON calls and the episode executes them."""
+    from horizon.tools.format import tool_format
+
+    fmt = tool_format("hermes")
+    script = [fmt.render_call(c["name"], c["args"]) for c in TASK.solution] + [fmt.render_final(TASK.final_answer)]
+    sb = local(TASK)
+    try:
+        traj = rollout(ScriptedPolicy({TASK.prompt: script}, TOK), TASK, sb, cfg(tool_format="hermes"))
+        assert traj.end_reason == "final" and traj.stats["malformed_calls"] == 0
+        assert sb.read_file("/workspace/calc.py") == b"def add(a, b):\n    return a + b\n"
+    finally:
+        sb.close()
+    system = split_turns(traj.segments[0].tokens, TOK)[0][1]
+    assert "<tool_call>" in system and "<function=NAME>" not in system
+    with pytest.raises(ValueError, match="agent.tool_format='json'"):
+        validate_agent_config(cfg(tool_format="json"))
+
+
 def test_loss_mask_logprobs_versions_router_alignment():
     sb = local(TASK)
     rec = Recorder(ScriptedPolicy.from_tasks([TASK], TOK))

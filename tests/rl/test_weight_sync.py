@@ -195,10 +195,20 @@ def test_group_store_concurrent_writers_one_wins(tmp_path):
 
 
 def test_storage_url_protocol_is_checked():
-    from horizon.rl.checks import validate_storage_url
+    """`async_.storage_url` (configs/rl_async.py): "" = the run dir; a URL's protocol must import here."""
+    from horizon.rl.checks import validate_async, validate_storage_url
+    from horizon.rl.runtime.async_loop import data_root
     from horizon.utils.config import ConfigError
 
     validate_storage_url("")
     validate_storage_url("file:///tmp/x")
     with pytest.raises(ConfigError, match="protocol 'nosuchfs' has no fsspec implementation here"):
         validate_storage_url("nosuchfs://bucket/runs")
+    c = load_config_file(ROOT / "configs" / "rl_async.py")
+    assert data_root(c, "runs/x/async") == "runs/x/async"
+    c.async_.storage_url = "memory://bucket/runs/"
+    validate_async(c)
+    assert data_root(c, "runs/x/async") == "memory://bucket/runs/async"
+    c.async_.storage_url = "nosuchfs://bucket/runs"
+    with pytest.raises(ConfigError, match=r"^async_.storage_url='nosuchfs://bucket/runs': protocol .*available: .*file"):
+        validate_async(c)

@@ -95,3 +95,26 @@ def test_multiline_value_and_narration():
     text = "I will edit.\n<function=edit_file>\n<parameter=old_str>\n  a\n  b\n</parameter>\n</function>\n  "
     r = parse_action(text)
     assert r.args == {"old_str": "  a\n  b"}
+
+
+def test_hermes_format_roundtrips_and_errors_in_one_line():
+    """The pluggable format interface's second implementation (JSON calls): parse(render(x)) == x,
+    and malformed JSON / names become a ParseError the model sees, never an exception."""
+    from horizon.tools.format import HermesFormat, tool_format
+
+    fmt = tool_format("hermes")
+    assert isinstance(fmt, HermesFormat)
+    args = {"path": "/workspace/a b.py", "old_str": "x\n</parameter>\n", "count": 3, "todos": [{"a": 1}]}
+    act = fmt.parse_action(fmt.render_call("edit_file", args, thinking="plan"))
+    assert act == Action("call", name="edit_file", args={"path": "/workspace/a b.py", "old_str": "x\n</parameter>\n",
+                                                         "count": "3", "todos": '[{"a": 1}]'}, thinking="plan")
+    assert fmt.parse_action(fmt.render_final("done")) == Action("final", final="done")
+    for bad, why in [('<tool_call>{"name": "read_file", "arguments": {"path": 1</tool_call>', "not valid JSON"),
+                     ('<tool_call>{"name": "rm -rf", "arguments": {}}</tool_call>', '{"name": NAME'),
+                     ('<tool_call>{"name": "a", "arguments": []}</tool_call>', "must be an object"),
+                     ('<tool_call>{"name": "a"}', "unterminated"),
+                     ('<tool_call>{"name": "a"}</tool_call> more', "text after")]:
+        r = fmt.parse_action(bad)
+        assert isinstance(r, ParseError) and why in r.message, (bad, r)
+    with pytest.raises(ValueError, match="unknown tool format 'nope'; registered: hermes, horizon"):
+        tool_format("nope")

@@ -23,12 +23,7 @@ ROLES = ("system", "user", "assistant", "observation")
 SYSTEM_TEMPLATE = """You are a coding agent working in a sandboxed repository at /workspace.
 Solve the user's task by calling tools, one call per turn, then give a short final message.
 
-Turn format: optionally think inside <think>...</think>, then EITHER one tool call
-<function=NAME>
-<parameter=KEY>VALUE</parameter>
-</function>
-OR, when you are done, <final>your final message</final>.
-Values are raw text (no escaping; they may span lines). Use absolute paths.
+{format}
 
 Tools:
 {tools}"""
@@ -64,8 +59,12 @@ class Rendered:
     router_indices: Any                        # int32[L_moe, n, k] (-1 where not generated) or None
 
 
-def system_prompt(registry) -> str:
-    return SYSTEM_TEMPLATE.format(tools=registry.spec_text())
+def system_prompt(registry, fmt=None) -> str:
+    """The system message: the task framing, the tool-call format's instructions (`fmt`, a
+    `horizon.tools.format.ToolCallFormat`; default the horizon format) and the tools' specs."""
+    from horizon.tools.format import tool_format  # noqa: PLC0415
+
+    return SYSTEM_TEMPLATE.format(format=(fmt or tool_format()).instructions, tools=registry.spec_text())
 
 
 def task_text(task, file_listing: str | None = None) -> str:

@@ -33,7 +33,7 @@ from jaxtyping import Bool, Float, Int
 
 from horizon.agent.prompt import Message, render, system_prompt, task_text
 from horizon.agent.summarize import ContextState, make_strategy
-from horizon.tools.format import ParseError, parse_action, parse_summary
+from horizon.tools.format import FORMATS, ParseError, tool_format
 from horizon.rl.maths.rewards import STATS_KEYS
 from horizon.sandbox.base import SandboxInfraError, SandboxResourceError
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
@@ -99,6 +99,8 @@ def validate_agent_config(cfg, prefix: str = "agent", strategies: Sequence[str] 
     named `strategies_field` in errors); the context limit fits `max_seq_len` when given.
     Raises `ConfigError` (a ValueError) naming the field, e.g. `agent.trigger_tokens=999999: ...`."""
     need_choice(cfg, "context_strategy", prefix, STRATEGIES)
+    if "tool_format" in cfg:
+        need_choice(cfg, "tool_format", prefix, tuple(FORMATS))
     for s in strategies:
         need(s in STRATEGIES, strategies_field, s, f"each must be one of {STRATEGIES}")
     for k in ("max_turns", "max_total_tokens", "max_context_tokens", "max_new_tokens", "trigger_tokens",
@@ -146,6 +148,7 @@ class Episode:
         validate_agent_config(cfg)
         self.task, self.sandbox, self.registry, self.tok, self.cfg = task, sandbox, registry, tokenizer, cfg
         self.strategy = make_strategy(cfg)
+        self.fmt = tool_format(str(cfg.get("tool_format", "horizon")))   # the turn parser (SPEC §5)
         self.tool_state = ToolState()
         self.ctx = ToolContext(sandbox, self.tool_state, timeout_s=float(cfg.tool_timeout_s),
                                max_timeout_s=float(cfg.max_tool_timeout_s),
@@ -165,7 +168,7 @@ class Episode:
             listing = self._file_listing() if cfg.include_file_listing else None
         except SandboxInfraError as e:
             listing, dead = None, e
-        self.messages = [Message("system", system_prompt(registry), kind="system"),
+        self.messages = [Message("system", system_prompt(registry, self.fmt), kind="system"),
                          Message("user", task_text(task, listing), kind="task")]
         if dead is not None:
             self._fail(INFRA_END, dead)
@@ -253,7 +256,7 @@ class Episode:
 
     def _after_action(self, text: str, m: int) -> None:
         self.stats["turns"] += 1
-        act = parse_action(text)
+        act = self.fmt.parse_action(text)
         think = self._think_tokens(act.thinking, m)
         self.stats["thinking_tokens"] += think
         if isinstance(act, ParseError):
@@ -288,7 +291,7 @@ class Episode:
     def _after_summary(self, text: str, m: int) -> None:
         self.stats["thinking_tokens"] += m      # summary turns count as thinking (see module doc)
         self.stats["summary_tokens"] += m       # ... and, separately, as summary tokens (SPEC §6 cost)
-        parsed = parse_summary(text)
+        parsed = self.fmt.parse_summary(text)
         summary = None if isinstance(parsed, ParseError) else parsed[1]
         if summary is None:
             self.stats["malformed_calls"] += 1

@@ -122,6 +122,9 @@ def validate_rl_mesh(c) -> None:
 def validate_sft(c) -> None:
     """`exp.sft`: both warm-start stages (`loop.two_stage_sft`)."""
     s = c.exp.sft
+    fmt = str(c.agent.get("tool_format", "horizon")) if "agent" in c else "horizon"
+    need(fmt == "horizon", "agent.tool_format", fmt, "the SFT demonstrators write the 'horizon' tool-call format; "
+         "start from a checkpoint (model.init_from) without the SFT stage to train another format")
     steps = need_int(s, "steps", "exp.sft", lo=1)
     clean = need_int(s, "clean_steps", "exp.sft", lo=0) if "clean_steps" in s else 0
     for k in ("batch_size", "seq_len", "log_every"):

@@ -223,3 +223,109 @@ def render_final(answer: str, thinking: str | None = None) -> str:
 def render_summary(summary: str, thinking: str | None = None) -> str:
     head = "" if thinking is None else f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n"
     return f"{head}{SUMMARY_OPEN}\n{summary}\n{SUMMARY_CLOSE}"
+
+
+# ----------------------------------------------------------------------------- pluggable formats
+class ToolCallFormat:
+    """A model's tool-call text format: the renderer/parser pair of one assistant turn plus the
+    instructions the system prompt shows (SPEC §5). `agent.tool_format` names the one an
+    `Episode` parses with (`tool_format`); the default, "horizon", is this module's format.
+
+    Interface (subclass and `register_format(...)`):
+      * `name`, `instructions` (the system prompt's "Turn format" paragraph);
+      * `parse_action(text) -> Action | ParseError` and `parse_summary(text)` — never raise;
+      * `render_call(name, args, thinking=None)`, `render_final(answer, thinking=None)`,
+        `render_summary(summary, thinking=None)` with ``parse(render(x)) == x``.
+    Thinking (`<think>`) and summary (`<summary>`) blocks are shared by every format; the SFT
+    demonstrators (`horizon.env.demos`, `horizon.agent.scripted`) write the "horizon" format."""
+
+    name = "horizon"
+    instructions = ("Turn format: optionally think inside <think>...</think>, then EITHER one tool call\n"
+                    "<function=NAME>\n<parameter=KEY>VALUE</parameter>\n</function>\n"
+                    "OR, when you are done, <final>your final message</final>.\n"
+                    "Values are raw text (no escaping; they may span lines). Use absolute paths.")
+
+    def parse_action(self, text: Any) -> Action | ParseError:
+        return parse_action(text)
+
+    def parse_summary(self, text: Any) -> tuple[str, str] | ParseError:
+        return parse_summary(text)
+
+    def render_call(self, name: str, args: dict[str, Any], thinking: str | None = None) -> str:
+        return render_call(name, args, thinking)
+
+    def render_final(self, answer: str, thinking: str | None = None) -> str:
+        return render_final(answer, thinking)
+
+    def render_summary(self, summary: str, thinking: str | None = None) -> str:
+        return render_summary(summary, thinking)
+
+
+class HermesFormat(ToolCallFormat):
+    """The JSON tool-call format of Hermes / Qwen2.5-style chat templates::
+
+        [<think>..</think>] <tool_call>
+        {"name": "read_file", "arguments": {"path": "/workspace/a.py"}}
+        </tool_call>
+
+    (a final message is plain text, in `<final>` tags so "no call" is explicit). Argument values
+    are JSON: strings stay strings, other JSON values are passed on as their JSON text (the tool
+    registry converts them by schema, as for the horizon format)."""
+
+    name = "hermes"
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    instructions = ("Turn format: optionally think inside <think>...</think>, then EITHER one tool call\n"
+                    "<tool_call>\n{\"name\": NAME, \"arguments\": {KEY: VALUE, ...}}\n</tool_call>\n"
+                    "OR, when you are done, <final>your final message</final>. Use absolute paths.")
+
+    def parse_action(self, text: Any) -> Action | ParseError:
+        try:
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", errors="replace")
+            if not isinstance(text, str):
+                return ParseError(f"expected text, got {type(text).__name__}")
+            split = split_thinking(text)
+            if isinstance(split, ParseError):
+                return split
+            thinking, rest = split
+            a = rest.find(self.OPEN)
+            if a < 0:
+                return parse_action(text)          # a <final> message (or the horizon parser's error)
+            b = rest.find(self.CLOSE, a)
+            if b < 0:
+                return ParseError(f"unterminated {self.OPEN} (missing {self.CLOSE})", thinking)
+            if rest[b + len(self.CLOSE):].strip():
+                return ParseError(f"text after {self.CLOSE}", thinking)
+            try:
+                call = json.loads(rest[a + len(self.OPEN):b])
+            except json.JSONDecodeError as e:
+                return ParseError(f"tool call is not valid JSON: {e.msg} at char {e.pos}", thinking)
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not NAME_RE.match(call["name"]):
+                return ParseError('tool call JSON needs {"name": NAME, "arguments": {...}}', thinking)
+            args = call.get("arguments", {})
+            if not isinstance(args, dict) or not all(isinstance(k, str) and NAME_RE.match(k) for k in args):
+                return ParseError("tool call arguments must be an object with identifier keys", thinking)
+            return Action("call", name=call["name"], args={k: value_to_text(v) for k, v in args.items()},
+                          thinking=thinking)
+        except Exception as e:  # noqa: BLE001 - the parser must never take the rollout down
+            return ParseError(f"internal parser error: {type(e).__name__}")
+
+    def render_call(self, name: str, args: dict[str, Any], thinking: str | None = None) -> str:
+        if not NAME_RE.match(name) or not all(NAME_RE.match(k) for k in args):
+            raise ValueError(f"invalid tool or parameter name in {name!r} {sorted(args)}")
+        head = "" if thinking is None else f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n"
+        return f"{head}{self.OPEN}\n{json.dumps({'name': name, 'arguments': args})}\n{self.CLOSE}"
+
+
+FORMATS: dict[str, ToolCallFormat] = {"horizon": ToolCallFormat(), "hermes": HermesFormat()}
+
+
+def register_format(fmt: ToolCallFormat) -> None:
+    """Make `fmt` selectable as `agent.tool_format = fmt.name`."""
+    FORMATS[fmt.name] = fmt
+
+
+def tool_format(name: str = "horizon") -> ToolCallFormat:
+    if name not in FORMATS:
+        raise ValueError(f"unknown tool format {name!r}; registered: {', '.join(sorted(FORMATS))}")
+    return FORMATS[name]

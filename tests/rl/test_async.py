@@ -208,6 +208,16 @@ def test_a_killed_rollout_worker_is_replaced_and_its_batches_requested_again(tmp
     assert [len(r["slots"]) for r in steps_log] == [2] * steps
 
 
+def train_only(c, run, steps: int, timeout_s: float = 600) -> None:
+    """Run just the trainer (group) of `c` on the groups already in `run`, to completion."""
+    pool = async_loop.make_pool("ray", c)
+    try:
+        pool.start_trainer(c, str(run), steps)
+        assert pool.wait_trainer(timeout_s) == 0
+    finally:
+        pool.close()
+
+
 def _weights_sha(run, v):
     return ws.read_entry(pathlib.Path(run) / "weights", v)["sha256_params"]
 
@@ -239,12 +249,7 @@ def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path, steps,
     ref = tmp_path / "ref"
     ref.mkdir()
     shutil.copytree(run / "groups", ref / "groups")
-    pool = async_loop.make_pool("ray", c)
-    try:
-        pool.start_trainer(c, str(ref), steps)
-        assert pool.wait_trainer(300) == 0
-    finally:
-        pool.close()
+    train_only(c, ref, steps)
     for v in range(steps + 1):
         assert _weights_sha(run, v) == _weights_sha(ref, v), f"version {v} differs"
     assert len([r for r in async_loop.read_trainer_log(ref) if r["event"] == "start"]) == 1

@@ -9,7 +9,6 @@ from the checkpoint.
 from __future__ import annotations
 
 import json
-import pathlib
 import shutil
 import signal
 
@@ -22,7 +21,7 @@ from horizon.train import checkpoint
 from horizon.utils.config import ConfigError
 
 from tests.parallel.conftest import assert_adam_params_close
-from tests.rl.test_async import small_cfg
+from tests.rl.test_async import small_cfg, train_only
 
 STEPS = 2
 
@@ -32,15 +31,6 @@ def _cfg(processes: int):
     c.mesh.preset = "ep4xcp2"
     c.async_.trainer_processes = processes
     return c
-
-
-def _train_only(c, run: pathlib.Path) -> None:
-    pool = async_loop.make_pool("ray", c)
-    try:
-        pool.start_trainer(c, str(run), STEPS)
-        assert pool.wait_trainer(600) == 0
-    finally:
-        pool.close()
 
 
 def test_trainer_processes_must_divide_the_mesh():
@@ -69,9 +59,10 @@ def test_two_process_trainer_equals_one_process_on_the_same_groups(tmp_path):
     two = tmp_path / "two"
     two.mkdir()
     shutil.copytree(run / "groups", two / "groups")
-    _train_only(_cfg(2), two)
+    train_only(_cfg(2), two, STEPS)
     log = async_loop.read_trainer_log(two)
-    assert [r["processes"] for r in log if r["event"] == "start"] == [2]
+    start = [r for r in log if r["event"] == "start"]
+    assert [(r["processes"], r["local_devices"], r["devices"]) for r in start] == [(2, 4, 8)]   # child_env
     assert [r["step"] for r in log if r["event"] == "step"] == [1, 2]       # process 0 alone logs
     lr = float(_cfg(1).rl.optim.lr)
     a0, b0 = (ws.WeightReceiver(d / "weights").load_flat(0) for d in (run, two))

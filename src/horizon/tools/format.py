@@ -150,13 +150,19 @@ def _parse(text: str) -> Action | ParseError:
     return ParseError("no tool call and no <final> message found", thinking)
 
 
+def as_text(text: Any) -> str | ParseError:
+    """A turn as text (bytes decoded leniently); anything else is a ParseError."""
+    if isinstance(text, bytes):
+        return text.decode("utf-8", errors="replace")
+    return text if isinstance(text, str) else ParseError(f"expected text, got {type(text).__name__}")
+
+
 def parse_action(text: Any) -> Action | ParseError:
     """Parse one assistant turn. Never raises (any input, any type)."""
     try:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        if not isinstance(text, str):
-            return ParseError(f"expected text, got {type(text).__name__}")
+        text = as_text(text)
+        if isinstance(text, ParseError):
+            return text
         return _parse(text)
     except Exception as e:  # defensive: the parser must never take the rollout down
         return ParseError(f"internal parser error: {type(e).__name__}")
@@ -169,10 +175,9 @@ def parse_summary(text: Any) -> tuple[str, str] | ParseError:
     taken as the summary (lenient: a lost summary costs the whole chain).
     """
     try:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        if not isinstance(text, str):
-            return ParseError(f"expected text, got {type(text).__name__}")
+        text = as_text(text)
+        if isinstance(text, ParseError):
+            return text
         split = split_thinking(text)
         thinking, rest = ("", text) if isinstance(split, ParseError) else split
         a = rest.find(SUMMARY_OPEN)
@@ -280,10 +285,9 @@ class HermesFormat(ToolCallFormat):
 
     def parse_action(self, text: Any) -> Action | ParseError:
         try:
-            if isinstance(text, bytes):
-                text = text.decode("utf-8", errors="replace")
-            if not isinstance(text, str):
-                return ParseError(f"expected text, got {type(text).__name__}")
+            text = as_text(text)
+            if isinstance(text, ParseError):
+                return text
             split = split_thinking(text)
             if isinstance(split, ParseError):
                 return split

@@ -29,7 +29,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
     """Like `atomic_write_bytes`, but never replaces an existing file: tmp + hard link (which fails
-    if `path` exists, even under a concurrent writer). Returns whether this call created it."""
+    if `path` exists, even under a concurrent writer). Returns whether this call created it. On a
+    filesystem without hard links: check, then rename (racing writers: the last one wins)."""
     path = pathlib.Path(path)
     tmp = _write_tmp(path, data)
     try:
@@ -37,8 +38,13 @@ def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
         return True
     except FileExistsError:
         return False
+    except OSError:                      # no hard links here (e.g. some FUSE mounts)
+        if path.exists():
+            return False
+        os.replace(tmp, path)
+        return True
     finally:
-        os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 class UrlDir:
@@ -48,7 +54,8 @@ class UrlDir:
 
     `write` is atomic for readers: on a local filesystem `atomic_write_bytes` (tmp + rename); on an
     object store a single PUT is (an object appears whole or not at all), so writers commit by
-    writing a pointer object last, as the weight publisher does with LATEST."""
+    writing a pointer object last, as the weight publisher does with LATEST. `create` never replaces
+    an existing name (write-once group files)."""
 
     def __init__(self, url: str | os.PathLike):
         from fsspec.core import url_to_fs  # noqa: PLC0415
@@ -73,7 +80,7 @@ class UrlDir:
         return self.fs.cat_file(self.path(name))
 
     def write_dir(self) -> None:
-        """Create the directory (once per instance; object stores have none to create)."""
+        """Create the directory (once per instance; on an object store at most its bucket)."""
         if not self._made:
             self.fs.makedirs(self.root, exist_ok=True)
             self._made = True

@@ -12,11 +12,12 @@ JAX; the orchestrator runs no JAX computation):
                                `rollout_groups` with in-flight weight updates (`sampler.generate`
                                polling the weight source), write each group to the GroupStore
 
-All data moves through the shared run directory (the stand-in for object storage), never
-through the trainer's pipes: the trainer can be SIGKILLed at any point and restarted without
-corrupting a queue. Layout: ``weights/`` (weight_sync), ``groups/`` (storage.GroupStore),
-``ckpt/`` (orbax, step level), ``scheduler.json`` (the prompt schedule),
-``trainer.jsonl`` / ``events.jsonl`` (logs).
+All data moves through storage, never through the trainer's queues: the trainer can be
+SIGKILLed at any point and restarted without corrupting anything. ``weights/`` (weight_sync) and
+``groups/`` (storage.GroupStore) live under `data_root`: the run directory, or
+`async_.storage_url` (an fsspec URL every node sees) + the run directory's name; ``ckpt/`` (orbax,
+step level), ``scheduler.json`` (the prompt schedule) and ``trainer.jsonl`` / ``events.jsonl``
+(logs) stay in the run directory. The queues carry only requests and events.
 
 **Slots.** Every group is a *slot* with a fixed index s; it moves through
 ``requested -> generating -> scored -> grouped -> trained`` (timestamps kept per slot). Step t
@@ -49,13 +50,14 @@ killed worker's slot is re-requested from scratch).
 **Distributed engine: Ray** (issue 23). `WorkerPool` is the adapter and `RayPool` the one
 implementation: the trainer is an actor group (`async_.trainer_processes` actors, one per host, one
 `jax.distributed` job over the run's mesh, coordinator address picked by actor 0 and passed
-through Ray; process 0 logs and publishes) and each rollout worker an actor, running
-`trainer_main` / `rollout_worker_main` (one request queue per worker and one event queue, all
-`ray.util.queue` actors pinned to the driver's node); `ray.init()` without an address runs them on
-this machine, `async_.ray_address` joins a cluster, `async_.{trainer,rollout}_resources` place
-them. The orchestrator replaces a lost trainer group (one lost process = the group; it resumes
-from its checkpoint) and lost rollout workers (the unfinished slots queued on them go to the
-replacement); on a cluster the run directory must be a filesystem every node sees (docs/SCALING.md).
+through Ray; process 0 logs and publishes; `horizon.rl.runtime.distributed`) and each rollout
+worker an actor, running `trainer_main` / `rollout_worker_main` (one request queue per worker and
+one event queue, all `ray.util.queue` actors pinned to the driver's node); `ray.init()` without an
+address runs them on this machine, `async_.ray_address` joins a cluster,
+`async_.{trainer,rollout}_resources` place them. The orchestrator replaces a lost trainer group
+(one lost process = the group; it resumes from its checkpoint) and lost rollout workers (the
+unfinished slots queued on them go to the replacement); on a cluster `async_.storage_url` (or a
+shared run directory) is what every node sees (docs/SCALING.md).
 
 experiments/rl_async.py's synchronous baseline is `loop.run_rl` itself, run in a child process
 with the same XLA flags and threads as these (`run_child`, a spawned local process).
@@ -202,7 +204,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] |
     if apub is not None:
         apub.wait()
     _jsonl(log, dict(event="start", pid=os.getpid(), step=start, restored=meta is not None, time=time.time(),
-                     processes=1 if dist is None else int(dist[1])))
+                     processes=1 if dist is None else int(dist[1]), **distributed.device_counts()))
     for step in range(start, num_steps):
         slots = range(step * N, (step + 1) * N)
         t0 = time.time()
@@ -490,7 +492,8 @@ class RayPool(WorkerPool):
     def trainer_exitcode(self):
         """None while every process runs; else the group's first failure's code (0 once all finished
         cleanly; `distributed.group_exitcode`)."""
-        code = distributed.group_exitcode([self._exitcode(r) if self._done(r) else None for r in self._trainer_refs])
+        code = distributed.group_exitcode([self._exitcode(r) if self._done(r) else None
+                                           for r in self._trainer_refs])
         if code and self._trainer_code is None:
             self._trainer_code = code          # the first failure, not the kills that follow it
         return self._trainer_code if self._trainer_code is not None else code
@@ -513,7 +516,7 @@ class RayPool(WorkerPool):
             return 1                          # trainer_main raised
 
     def kill_trainer(self):
-        """Kill the group's last process (fault injection: the others then hang, so the group is dead)."""
+        """Kill the group's last process (fault injection: the group is then dead, `trainer_alive`)."""
         if self.trainers:
             self.ray.kill(self.trainers[-1], no_restart=True)
             self.ray.wait([self._trainer_refs[-1]], timeout=30)

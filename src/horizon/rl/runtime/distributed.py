@@ -45,7 +45,7 @@ def group_args(coordinator: str | None, n: int) -> list[Dist | None]:
 def join(dist: Dist | None) -> bool:
     """Join the trainer group's jax.distributed job (nothing for `dist` None). Returns whether this is
     process 0, the one that logs and publishes. CPU processes exchange collectives through gloo
-    (jax 0.10's default; set explicitly, it is the one CPU implementation every jaxlib ships)."""
+    (jax 0.10's default, set explicitly so it does not depend on the jax version)."""
     if dist is None:
         return True
     import jax  # noqa: PLC0415
@@ -75,6 +75,13 @@ def group_publisher(apub, multiprocess: bool):
         if apub is not None:
             apub.submit(host, version)
     return publish
+
+
+def device_counts() -> dict[str, int]:
+    """This process's and the whole job's device counts (the trainer logs them at start)."""
+    import jax  # noqa: PLC0415
+
+    return dict(local_devices=jax.local_device_count(), devices=jax.device_count())
 
 
 def barrier(name: str, multiprocess: bool) -> None:

@@ -85,6 +85,19 @@ def test_temperature_sampling_is_random_but_deterministic(setup):
     assert any((x != y).any() for x, y in zip(a.tokens, c.tokens))
 
 
+def test_a_sequence_samples_the_same_whatever_its_batch_mates_and_chunking(setup):
+    """Per-sequence keys (issue 24): row 0's sampled tokens (temperature 1) are the same with other
+    batch-mates, alone (a smaller batch bucket), and for another decode chunking."""
+    mcfg, params, prompts, _ = setup
+    gen = functools.partial(sampler.generate, params, key=jax.random.key(7), cfg=mcfg, max_new_tokens=12,
+                            temperature=1.0, stop_tokens=())
+    ref = gen(prompts)
+    for other in (gen([prompts[0], prompts[2], prompts[1]]), gen(prompts[:1]), gen(prompts, sync_tokens=5)):
+        np.testing.assert_array_equal(other.tokens[0], ref.tokens[0])
+        np.testing.assert_allclose(other.logprobs[0], ref.logprobs[0], rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(ref.tokens[0][:len(ref.tokens[1])], ref.tokens[1][:len(ref.tokens[0])])
+
+
 def test_tiny_top_p_picks_argmax(setup, greedy):
     mcfg, params, prompts, _ = setup
     out = sampler.generate(params, prompts, jax.random.key(5), cfg=mcfg, max_new_tokens=8,

@@ -96,10 +96,23 @@ class SampleOutput:
     switches: int = 0
 
 
+def sequence_keys(key: jax.Array, rows: int) -> jax.Array:
+    """One key per sequence (row) of a `generate` call: ``fold_in(key, row)``."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(rows, dtype=jnp.int32))
+
+
+def token_keys(seq_keys: jax.Array, index) -> jax.Array:
+    """The keys that draw each row's generated token number `index` (scalar or per row):
+    ``fold_in(sequence key, index)``. A sequence's samples thus depend on its key and its own
+    tokens only, not on its batch-mates, the batch size or the decode chunking (issue 24)."""
+    idx = jnp.broadcast_to(jnp.asarray(index, jnp.int32), (seq_keys.shape[0],))
+    return jax.vmap(jax.random.fold_in)(seq_keys, idx)
+
+
 def sample_from_logits(
-    logits: Float[Array, "b vocab"], key: jax.Array, temperature: Float[Array, ""], top_p: Float[Array, ""]
+    logits: Float[Array, "b vocab"], keys: jax.Array, temperature: Float[Array, ""], top_p: Float[Array, ""]
 ) -> tuple[Int[Array, " b"], Float[Array, " b"]]:
-    """Draw one token per row; return (token, untempered log-prob of that token).
+    """Draw one token per row, row i with ``keys[i]``; return (token, untempered log-prob of it).
 
     temperature <= 0 is greedy (argmax). top_p < 1 keeps the smallest set of most likely
     tokens (under the tempered distribution) whose mass reaches top_p (always >= 1 token).
@@ -121,51 +134,52 @@ def sample_from_logits(
     def sample(_):
         scaled = logits / jnp.maximum(temperature, 1e-6)
         scaled = jax.lax.cond(top_p < 1.0, nucleus, lambda z: z, scaled)
-        return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+        return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
 
     tok = jax.lax.cond(temperature <= 0, lambda _: jnp.argmax(logits, axis=-1).astype(jnp.int32), sample, None)
     return tok, jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0] - lse
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def prefill(params, cache, tokens, lengths, key, temperature, top_p, *, cfg):
-    """Prefill left-aligned padded prompts: (cache, first sampled token, its logprob, prompt routing).
-    `cfg` is the model config as a FrozenConfigDict (`frozen_model_cfg`)."""
+def prefill(params, cache, tokens, lengths, keys, temperature, top_p, *, cfg):
+    """Prefill left-aligned padded prompts: (cache, next sampled token (row i with `keys[i]`), its
+    logprob, prompt routing). `cfg` is the model config as a FrozenConfigDict (`frozen_model_cfg`)."""
     b, p = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     logits, cache, aux = transformer.decode(params, cache, tokens, positions, cfg=cfg, logits_at=lengths - 1)
-    tok, lp = sample_from_logits(logits[:, 0], key, temperature, top_p)
+    tok, lp = sample_from_logits(logits[:, 0], keys, temperature, top_p)
     return cache, tok, lp, aux["router_indices"]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
-def decode_step(params, cache, tok, pos, key, temperature, top_p, *, cfg):
-    """Feed `tok` at `pos` (recording its routing) and sample the next token; donates `cache`."""
-    return _decode(params, cache, tok, pos, key, temperature, top_p, cfg)
+def decode_step(params, cache, tok, pos, keys, temperature, top_p, *, cfg):
+    """Feed `tok` at `pos` (recording its routing) and sample the next token (row i with `keys[i]`);
+    donates `cache`."""
+    return _decode(params, cache, tok, pos, keys, temperature, top_p, cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "steps"), donate_argnames=("cache",))
-def decode_chunk(params, cache, tok, lp, lengths, start, key, temperature, top_p, *, cfg, steps):
+def decode_chunk(params, cache, tok, lp, lengths, start, seq_keys, temperature, top_p, *, cfg, steps):
     """`steps` consecutive `decode_step`s on device (one `lax.scan`: one dispatch and one host
-    sync per chunk instead of per token). Step i feeds the pending token at position
-    ``lengths + start + i``. Returns (cache, pending token, its logprob, key, fed tokens [steps, b],
-    their logprobs [steps, b], their routing [steps, L_moe, b, k]); the keys are split exactly as
-    the per-token loop splits them, so the samples are the same."""
+    sync per chunk instead of per token). Step i feeds the pending token (generated token number
+    ``start + i``) at position ``lengths + start + i`` and samples number ``start + i + 1`` with
+    `token_keys(seq_keys, start + i + 1)`, so the samples do not depend on the chunking. Returns
+    (cache, pending token, its logprob, fed tokens [steps, b], their logprobs [steps, b], their
+    routing [steps, L_moe, b, k])."""
 
     def body(carry, i):
-        cache, tok, lp, key = carry
-        key, kj = jax.random.split(key)
-        cache, nxt, nlp, ri = _decode(params, cache, tok, lengths + start + i, kj, temperature, top_p, cfg)
-        return (cache, nxt, nlp, key), (tok, lp, ri)
+        cache, tok, lp = carry
+        keys = token_keys(seq_keys, start + i + 1)
+        cache, nxt, nlp, ri = _decode(params, cache, tok, lengths + start + i, keys, temperature, top_p, cfg)
+        return (cache, nxt, nlp), (tok, lp, ri)
 
-    (cache, tok, lp, key), (toks, lps, ris) = jax.lax.scan(body, (cache, tok, lp, key),
-                                                           jnp.arange(steps, dtype=jnp.int32))
-    return cache, tok, lp, key, toks, lps, ris
+    (cache, tok, lp), (toks, lps, ris) = jax.lax.scan(body, (cache, tok, lp), jnp.arange(steps, dtype=jnp.int32))
+    return cache, tok, lp, toks, lps, ris
 
 
-def _decode(params, cache, tok, pos, key, temperature, top_p, cfg):
+def _decode(params, cache, tok, pos, keys, temperature, top_p, cfg):
     logits, cache, aux = transformer.decode(params, cache, tok[:, None], pos[:, None], cfg=cfg)
-    nxt, lp = sample_from_logits(logits[:, 0], key, temperature, top_p)
+    nxt, lp = sample_from_logits(logits[:, 0], keys, temperature, top_p)
     return cache, nxt, lp, aux["router_indices"]
 
 
@@ -198,7 +212,8 @@ def generate(
 
     `cfg` is the model config (or a full config with `.model`; its `mesh`, if any, shards the
     call: module docstring). See the module docstring for the layout, logprob and routing
-    conventions. Deterministic in `key`. Tokens are tagged with `version`; or, with
+    conventions. Deterministic in `key`; row i samples with its own keys (`sequence_keys`,
+    `token_keys`), so its tokens do not depend on its batch-mates. Tokens are tagged with `version`; or, with
     `poll() -> (params, version)` (and `params=None`), weights come from `poll` and may switch
     every `chunk_tokens` steps (in-flight updates, module docstring; `kv_mode` "keep" |
     "recompute"). `stop_tokens` default to the model tokenizer's (`model.tokenizer`: end of turn,
@@ -260,9 +275,9 @@ def generate(
     toks_j, lens_j = jnp.asarray(toks), jnp.asarray(lens_b)
     if place is not None:
         cache, toks_j, lens_j = place(cache, toks_j, lens_j)
-    key, k0 = jax.random.split(key)
+    seq_keys = sequence_keys(key, B)       # row i's samples: its own key (no dependence on batch-mates)
     temp, tp = jnp.float32(temperature), jnp.float32(top_p)
-    cache, tok, lp, prompt_ri = prefill(params, cache, toks_j, lens_j, k0, temp, tp, cfg=mcfg)
+    cache, tok, lp, prompt_ri = prefill(params, cache, toks_j, lens_j, token_keys(seq_keys, 0), temp, tp, cfg=mcfg)
     tok_version = version                 # the version that sampled the pending token `tok`
     stops = np.asarray(list(stop_tokens), np.int32)
     L_moe = prompt_ri.shape[0]
@@ -286,12 +301,12 @@ def generate(
                     params = sharded.place_params(params, cfg, mesh)
                 switches += 1
                 if kv_mode == "recompute":
-                    key, cache, tok, lp = _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, P + N, key,
-                                                     temp, tp, mcfg, place, tok_.pad_id)
+                    cache, tok, lp = _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, P + N, seq_keys,
+                                                temp, tp, mcfg, place, tok_.pad_id)
                     tok_version = version
         # feed tokens j .. j+K-1 (records their routing), sampling each next one
-        cache, tok, lp, key, fed, fed_lp, fed_ri = decode_chunk(params, cache, tok, lp, lens_j, jnp.int32(j), key,
-                                                                temp, tp, cfg=mcfg, steps=K)
+        cache, tok, lp, fed, fed_lp, fed_ri = decode_chunk(params, cache, tok, lp, lens_j, jnp.int32(j), seq_keys,
+                                                           temp, tp, cfg=mcfg, steps=K)
         fed, fed_lp, fed_ri = np.asarray(fed), np.asarray(fed_lp), np.asarray(fed_ri)
         for i in range(min(K, max_new_tokens - j)):
             live = ~done
@@ -331,14 +346,16 @@ def lower_decode_step(params, cfg, batch: int, max_len: int):
     cache = transformer.init_cache(mcfg, batch, max_len)
     tok = jnp.zeros((batch,), jnp.int32)
     cache, tok, pos = sharded.sampling_placer(mesh)(cache, tok, tok)
-    return decode_step.lower(sharded.place_params(params, c, mesh), cache, tok, pos, jax.random.key(0),
-                             jnp.float32(0.0), jnp.float32(1.0), cfg=mcfg).compile()
+    return decode_step.lower(sharded.place_params(params, c, mesh), cache, tok, pos,
+                             sequence_keys(jax.random.key(0), batch), jnp.float32(0.0), jnp.float32(1.0),
+                             cfg=mcfg).compile()
 
 
-def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp, mcfg, place, pad_id):
+def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, seq_keys, temp, tp, mcfg, place, pad_id):
     """kv_mode="recompute" at a weight switch: prefill prompt + generated tokens with the new
-    weights, sample the pending token again, and overwrite the generated tokens' routing with
-    the new prefill's (in place in `out_ri`). Returns (key, cache, tok, lp)."""
+    weights, sample the pending token (number m of each row) again with its own key, and overwrite
+    the generated tokens' routing with the new prefill's (in place in `out_ri`). Returns (cache,
+    tok, lp)."""
     B, P = toks.shape
     L_moe, k = out_ri.shape[0], out_ri.shape[-1]
     full = np.full((B, total), pad_id, np.int32)
@@ -349,12 +366,12 @@ def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, key, temp, tp
     toks_j, lens_j = jnp.asarray(full), jnp.asarray(lens_b + m)
     if place is not None:
         cache, toks_j, lens_j = place(cache, toks_j, lens_j)
-    key, kr = jax.random.split(key)
-    cache, tok, lp, ri_full = prefill(params, cache, toks_j, lens_j, kr, temp, tp, cfg=mcfg)
+    cache, tok, lp, ri_full = prefill(params, cache, toks_j, lens_j, token_keys(seq_keys, jnp.asarray(m)), temp, tp,
+                                      cfg=mcfg)
     ri_full = np.asarray(ri_full).reshape(L_moe, B, total, k)
     for i in range(n):
         out_ri[:, i, : m[i]] = ri_full[:, i, lens_b[i]: lens_b[i] + m[i]]
-    return key, cache, tok, lp
+    return cache, tok, lp
 
 
 def sampler_kwargs_from_config(cfg) -> dict:

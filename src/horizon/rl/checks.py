@@ -230,14 +230,17 @@ def validate_storage_url(url: str) -> None:
     if not url:
         return
     from fsspec.core import split_protocol  # noqa: PLC0415
+    from fsspec.registry import get_filesystem_class  # noqa: PLC0415
 
     from horizon.utils.files import storage_protocols  # noqa: PLC0415
 
     proto = split_protocol(url)[0] or "file"
-    ok = storage_protocols()
-    need(proto in ok, "async_.storage_url", url,
-         f"protocol {proto!r} has no fsspec implementation here (install its package, e.g. s3fs / gcsfs); "
-         f"available: {', '.join(ok)}")
+    try:
+        get_filesystem_class(proto)          # imports just this protocol's implementation
+    except (ImportError, ValueError):
+        need(False, "async_.storage_url", url,
+             f"protocol {proto!r} has no fsspec implementation here (install its package, e.g. s3fs / gcsfs); "
+             f"available: {', '.join(storage_protocols())}")
 
 
 def validate_async(c) -> None:

@@ -78,6 +78,7 @@ from collections.abc import Callable
 import numpy as np
 
 from horizon.rl.runtime import core as runtime, distributed, storage, weight_sync
+from horizon.utils.files import url_dir
 
 def numpy_init(mcfg, seed: int) -> dict:
     """`horizon.model.params.numpy_init`, imported lazily: this module keeps jax out of import time
@@ -709,7 +710,7 @@ class Orchestrator:
 
     def run(self) -> dict:
         a = self.cfg.async_
-        weights = f"{self.data}/weights"
+        weights = url_dir(f"{self.data}/weights")      # polled every `poll_s`: resolve the URL once
         t_start = time.time()
         # resume: groups already on disk are not regenerated
         ready = set(self.store.ready_slots())

@@ -83,8 +83,6 @@ class GroupStore:
     def put(self, record: GroupRecord) -> bool:
         """Write `record`; returns False (and writes nothing) if the slot already has a group (on a
         local filesystem also under concurrent writers, `UrlDir.create`)."""
-        if self.has(record.slot):
-            return False
         return self.root.create(self.name(record.slot), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
     def get(self, slot: int) -> GroupRecord:

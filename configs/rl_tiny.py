@@ -110,6 +110,19 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         kv_mode="keep",           # at a weight switch: "keep" the old KV cache | "recompute" the prefill
         sync_tokens=16,           # decode steps per device chunk / host sync (without in-flight polling;
         #                           with it, chunk_tokens); benchmarks/sampling.py measures the trade-off
+        # --- rollout engine (horizon.rl.rollout.engine: continuous batching, KV reuse across turns,
+        #     shared prefixes; `EnginePolicy`). Cache budget = engine_slots x engine_max_len positions;
+        #     past it requests queue (FIFO) and idle episode caches are swapped out, then dropped
+        engine_slots=32,          # decode slots (rows of the latent cache)
+        engine_max_len=0,         # positions per slot; 0 = model.max_seq_len
+        engine_prefill_chunk=64,  # max prefill tokens per row per call (long prompts: several chunks; 64 beat 128
+        #                           on tiny: less padding, benchmarks/rollout_engine.py)
+        engine_min_prefill_chunk=16,  # smallest prefill chunk (power-of-two compile buckets up to the max)
+        engine_min_window=64,     # smallest attention window (power-of-two compile buckets up to max_len)
+        engine_park_tokens=-1,    # swap store for evicted idle episode caches, positions; -1 = slots x max_len
+        engine_stop_slots=4,      # max stop ids per request (width of the on-device stop table)
+        engine_refill_slots=4,    # while requests wait, a decode chunk ends once this many slots finished (their
+        #                           refill: one prefill call); 1 = refill each at once (benchmarks/rollout_engine.py)
     ))
     # --- batch layout (horizon.rl.maths.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(

@@ -25,6 +25,7 @@ limit leaves no room to generate), "max_steps" (driver limit) — the policy's o
 from __future__ import annotations
 
 import dataclasses
+import queue
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -343,38 +344,108 @@ class Episode:
 
 def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int | None = None,
                  num_tool_workers: int = 1) -> list[Trajectory]:
-    """Drive episodes in lockstep: one batched policy call per distinct generation limit per
-    step, then all tool calls (in `num_tool_workers` threads). Returns their trajectories.
-    `max_steps` defaults to `episode_step_limit` of the episodes' agent config."""
+    """Drive `episodes` to their end and return their trajectories. `max_steps` (driver rounds per
+    episode: a generation and its tool call) defaults to `episode_step_limit` of the episodes' agent
+    config. Two schedules, chosen by the policy:
+
+    * **lockstep** (a batched ``policy(contexts, max_new)``): each round, one policy call per
+      distinct generation limit over every active episode, then all tool calls (in
+      `num_tool_workers` threads); the slowest episode gates the round.
+    * **independent** (a policy with ``stream()``, `horizon.rl.rollout.engine.EnginePolicy`): every
+      episode's turn is submitted as soon as its previous tool call returned; the stream's
+      ``advance()`` (one engine round-trip) hands back finished generations, whose tool calls run at
+      once in a bounded pool of `num_tool_workers` threads while the engine decodes the others;
+      a finished episode's cache is released (`_run_independent`).
+    """
     if max_steps is None:
         max_steps = max((episode_step_limit(e.cfg) for e in episodes), default=0)
-    pool = ThreadPoolExecutor(num_tool_workers) if num_tool_workers > 1 else None
+    independent = callable(getattr(policy, "stream", None))
+    workers = max(1, num_tool_workers) if independent else num_tool_workers
+    pool = ThreadPoolExecutor(workers) if workers > 1 or independent else None
     try:
-        for _ in range(max_steps):
-            active = [e for e in episodes if not e.done]
-            if not active:
-                break
-            groups: dict[int, list[Episode]] = {}
-            for e in active:
-                groups.setdefault(e.max_new_tokens(), []).append(e)
-            for limit, eps in groups.items():
-                gens = policy([e.context_tokens() for e in eps], limit)
-                if len(gens) != len(eps):
-                    raise ValueError(f"policy returned {len(gens)} generations for {len(eps)} contexts")
-                for e, g in zip(eps, gens):
-                    e.step(g, defer_tools=True)
-            todo = [e for e in active if not e.done]
-            if pool is not None:
-                list(pool.map(lambda e: e.after_tools(), todo))
-            else:
-                for e in todo:
-                    e.after_tools()
+        if independent:
+            _run_independent(policy.stream(), episodes, max_steps, pool)
+        else:
+            _run_lockstep(policy, episodes, max_steps, pool)
         for e in episodes:
             e._finish("max_steps")
     finally:
         if pool is not None:
             pool.shutdown()
     return [e.trajectory() for e in episodes]
+
+
+def _run_lockstep(policy: Policy, episodes: Sequence[Episode], max_steps: int, pool) -> None:
+    for _ in range(max_steps):
+        active = [e for e in episodes if not e.done]
+        if not active:
+            break
+        groups: dict[int, list[Episode]] = {}
+        for e in active:
+            groups.setdefault(e.max_new_tokens(), []).append(e)
+        for limit, eps in groups.items():
+            gens = policy([e.context_tokens() for e in eps], limit)
+            if len(gens) != len(eps):
+                raise ValueError(f"policy returned {len(gens)} generations for {len(eps)} contexts")
+            for e, g in zip(eps, gens):
+                e.step(g, defer_tools=True)
+        todo = [e for e in active if not e.done]
+        if pool is not None:
+            list(pool.map(lambda e: e.after_tools(), todo))
+        else:
+            for e in todo:
+                e.after_tools()
+
+
+def _turn(e: Episode, gen: Generation) -> None:
+    """One episode's turn after its generation: parse, tool call, end and compaction checks."""
+    e.step(gen, defer_tools=True)
+    e.after_tools()
+
+
+def _run_independent(stream, episodes: Sequence[Episode], max_steps: int, pool) -> None:
+    """Each episode advances on its own (`run_episodes`): submit its next turn when ready, run its
+    tool call in `pool` when its generation finishes, at most `max_steps` turns per episode. The
+    calling thread owns the stream (engine); tool threads report back through a queue."""
+    back: queue.Queue = queue.Queue()
+    ready = list(range(len(episodes)))
+    turns = [0] * len(episodes)
+    in_tools = 0
+
+    def tools(i: int, gen: Generation) -> None:
+        try:
+            _turn(episodes[i], gen)
+            back.put((i, None))
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the driver thread)
+            back.put((i, exc))
+
+    def returned(item) -> None:
+        nonlocal in_tools
+        i, exc = item
+        in_tools -= 1
+        if exc is not None:
+            raise exc
+        ready.append(i)
+
+    while True:
+        for i in ready:
+            e = episodes[i]
+            if e.done or turns[i] >= max_steps:
+                stream.release(i)
+                continue
+            turns[i] += 1
+            stream.submit(i, e.context_tokens(), e.max_new_tokens())
+        ready.clear()
+        if stream.busy:
+            for i, gen in stream.advance():
+                in_tools += 1
+                pool.submit(tools, i, gen)
+        elif in_tools:
+            returned(back.get())
+        else:
+            break
+        while not back.empty():
+            returned(back.get_nowait())
 
 
 def episode_step_limit(cfg) -> int:

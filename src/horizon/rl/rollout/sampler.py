@@ -110,33 +110,38 @@ def token_keys(seq_keys: jax.Array, index) -> jax.Array:
 
 
 def sample_from_logits(
-    logits: Float[Array, "b vocab"], keys: jax.Array, temperature: Float[Array, ""], top_p: Float[Array, ""]
+    logits: Float[Array, "b vocab"], keys: jax.Array, temperature: Float[Array, "*b"], top_p: Float[Array, "*b"]
 ) -> tuple[Int[Array, " b"], Float[Array, " b"]]:
     """Draw one token per row, row i with ``keys[i]``; return (token, untempered log-prob of it).
 
-    temperature <= 0 is greedy (argmax). top_p < 1 keeps the smallest set of most likely
-    tokens (under the tempered distribution) whose mass reaches top_p (always >= 1 token).
-    Both are traced scalars, so changing them does not recompile.
+    `temperature` and `top_p` are scalars or one value per row (the engine's per-request sampling
+    parameters, SPEC §4); a row's draw depends only on its own logits, key and parameters.
+    temperature <= 0 is greedy (argmax). top_p < 1 keeps the smallest set of most likely tokens
+    (under the tempered distribution) whose mass reaches top_p (always >= 1 token). Both are
+    traced, so changing them does not recompile.
     """
     logits = logits.astype(jnp.float32)
+    b = logits.shape[0]
     lse = jax.nn.logsumexp(logits, axis=-1)      # log_softmax at the drawn token only (no [b, V] logp)
-    temperature = jnp.asarray(temperature, jnp.float32)
-    top_p = jnp.asarray(top_p, jnp.float32)
+    temperature = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (b,))
+    top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (b,))
 
-    def nucleus(scaled):            # a full-vocab sort: only run when top_p < 1 (lax.cond runs one branch)
+    def nucleus(scaled):            # a full-vocab sort: only run when some top_p < 1 (lax.cond runs one branch)
         srt = jnp.sort(scaled, axis=-1)[:, ::-1]
         probs = jax.nn.softmax(srt, axis=-1)
         mass_before = jnp.cumsum(probs, axis=-1) - probs
-        n_keep = jnp.sum(mass_before < top_p, axis=-1)  # >= 1 since mass_before[:, 0] = 0
+        n_keep = jnp.sum(mass_before < top_p[:, None], axis=-1)  # >= 1 since mass_before[:, 0] = 0
         thresh = jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)
-        return jnp.where(scaled >= thresh, scaled, -jnp.inf)
+        return jnp.where((scaled >= thresh) | (top_p[:, None] >= 1.0), scaled, -jnp.inf)
 
     def sample(_):
-        scaled = logits / jnp.maximum(temperature, 1e-6)
-        scaled = jax.lax.cond(top_p < 1.0, nucleus, lambda z: z, scaled)
+        scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+        scaled = jax.lax.cond(jnp.any(top_p < 1.0), nucleus, lambda z: z, scaled)
         return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
 
-    tok = jax.lax.cond(temperature <= 0, lambda _: jnp.argmax(logits, axis=-1).astype(jnp.int32), sample, None)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tok = jax.lax.cond(jnp.all(temperature <= 0), lambda _: greedy, sample, None)
+    tok = jnp.where(temperature <= 0, greedy, tok)
     return tok, jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0] - lse
 
 
@@ -155,7 +160,7 @@ def prefill(params, cache, tokens, lengths, keys, temperature, top_p, *, cfg):
 def decode_step(params, cache, tok, pos, keys, temperature, top_p, *, cfg):
     """Feed `tok` at `pos` (recording its routing) and sample the next token (row i with `keys[i]`);
     donates `cache`."""
-    return _decode(params, cache, tok, pos, keys, temperature, top_p, cfg)
+    return decode_one(params, cache, tok, pos, keys, temperature, top_p, cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "steps"), donate_argnames=("cache",))
@@ -170,14 +175,19 @@ def decode_chunk(params, cache, tok, lp, lengths, start, seq_keys, temperature, 
     def body(carry, i):
         cache, tok, lp = carry
         keys = token_keys(seq_keys, start + i + 1)
-        cache, nxt, nlp, ri = _decode(params, cache, tok, lengths + start + i, keys, temperature, top_p, cfg)
+        cache, nxt, nlp, ri = decode_one(params, cache, tok, lengths + start + i, keys, temperature, top_p, cfg)
         return (cache, nxt, nlp), (tok, lp, ri)
 
     (cache, tok, lp), (toks, lps, ris) = jax.lax.scan(body, (cache, tok, lp), jnp.arange(steps, dtype=jnp.int32))
     return cache, tok, lp, toks, lps, ris
 
 
-def _decode(params, cache, tok, pos, keys, temperature, top_p, cfg):
+def decode_one(params: dict, cache: dict, tok: Int[Array, " b"], pos: Int[Array, " b"], keys: jax.Array,
+               temperature: Float[Array, "*b"], top_p: Float[Array, "*b"], cfg):
+    """The one decode step (SPEC §1, §4) every decoder runs (`decode_step`, `decode_chunk`, the rollout
+    engine's loop): feed `tok` at `pos` through `transformer.decode` (its latents written at slot
+    `pos`; a position past the cache is not written), sample the next token per row with `keys`.
+    Returns (cache, next token, its untempered logprob, the fed tokens' routing [L_moe, b, k])."""
     logits, cache, aux = transformer.decode(params, cache, tok[:, None], pos[:, None], cfg=cfg)
     nxt, lp = sample_from_logits(logits[:, 0], keys, temperature, top_p)
     return cache, nxt, lp, aux["router_indices"]

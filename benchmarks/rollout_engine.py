@@ -1,0 +1,288 @@
+"""Rollout engine vs the lockstep `generate` path (SPEC §4, §6; issue 24): prints measured numbers.
+
+Three workloads, each timed after a warm-up pass of the same shapes (XLA compiles excluded), fresh
+random prompts per timed repetition (so the engine cannot reuse the previous repetition's cache):
+
+1. **raw** (configs/tiny.py, `--batch` prompts of 32-96 random tokens, exactly `--new` sampled
+   tokens each, no stop ids): generated tokens/s of `sampler.generate` as `make run` configures it
+   (configs/rl_tiny.py's `rl.sampler`: buckets 32 / 128 / 128, 16 steps per sync), of `generate` with
+   the tightest buckets, and of the engine (`engine.Engine`, `rl.sampler.engine_*`). The same
+   per-sequence keys: the samples must be identical (printed).
+2. **staggered** (`--stream` requests, budgets uniform in [8, `--new`], as a policy whose rows stop at
+   different lengths): `generate` on batches of `--batch` decodes until its longest row is done (the
+   lockstep path: a batch waits for its slowest row), the engine refills a slot as soon as its
+   request ends. Useful (budgeted) tokens/s.
+3. **multi-turn** (`--episodes` episodes in groups of `--group` sharing a prompt, `--turns` turns
+   of `--new` generated tokens + a `--obs`-token observation each, then a rewrite (the context
+   replaced by prompt + a 32-token summary, as self-summarization does) and one more turn): rollout
+   wall time and prefill tokens computed; the old path prefills every turn's whole context, the
+   engine only what no cache holds (per-episode caches across turns, one prefill per group prompt).
+4. **agent** (`--episodes` key-recall episodes of configs/selfsum_tiny.py through `run_episodes`, local
+   or `--backend docker` sandboxes, per `--strategies`): lockstep `make_policy` vs the engine's
+   independent path; untrained weights, so turns are malformed calls (see `agent`).
+
+    .venv/bin/python benchmarks/rollout_engine.py [--batch 32 --new 64 --reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+from horizon.model.params import numpy_init  # noqa: E402
+from horizon.rl.rollout import engine as E  # noqa: E402
+from horizon.rl.rollout import sampler  # noqa: E402
+from horizon.utils.config import load_config_file  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+PROMPT_LEN = (32, 96)          # random prompt lengths of the raw / staggered workloads
+SUMMARY_LEN = 32               # the multi-turn workload's rewrite: prompt + this many summary tokens
+
+
+def config():
+    """configs/tiny.py's model with configs/rl_tiny.py's sampler section (what make run samples with)."""
+    c = load_config_file(os.path.join(ROOT, "configs", "rl_tiny.py"))
+    c.model = load_config_file(os.path.join(ROOT, "configs", "tiny.py")).model
+    return c
+
+
+def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256):
+    return [rng.integers(0, vocab, size=int(k)).astype(np.int32) for k in rng.integers(lo, hi + 1, size=n)]
+
+
+def timed(fn, make_input, warmup: int, reps: int):
+    """fn(make_input(r)) timed over `reps` fresh inputs after `warmup` calls; (median s, all, last output)."""
+    for w in range(warmup):
+        fn(make_input(10_000 + w))
+    ts, out = [], None
+    for r in range(reps):
+        x = make_input(r)
+        t0 = time.perf_counter()
+        out = fn(x)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), ts, out
+
+
+def fmt(ts):
+    return "[" + ", ".join(f"{t * 1e3:.0f}" for t in ts) + "] ms"
+
+
+def raw(c, params, args):
+    kw = sampler.sampler_kwargs_from_config(c)
+    tight = dict(kw, min_batch_bucket=1, min_prompt_bucket=16, min_new_bucket=16, sync_tokens=args.new)
+    n = args.batch
+    keys = lambda: sampler.sequence_keys(jax.random.key(1), n)      # noqa: E731
+    mk = lambda r: prompts(np.random.default_rng(r), n)             # noqa: E731
+    gen = lambda kwargs: lambda p: sampler.generate(params, p, jax.random.key(1), cfg=c, max_new_tokens=args.new,  # noqa: E731
+                                                    stop_tokens=(), **kwargs)
+    eng = E.Engine(c, params=params, stop_tokens=())
+    ks = keys()
+
+    def run_engine(p):
+        return E.generate_requests(eng, [E.Request(x, ks[i], args.new) for i, x in enumerate(p)])
+
+    ntok = n * args.new
+    print(f"\n[raw] configs/tiny.py ({c.model.num_layers} layers, {c.model.num_experts} experts top-"
+          f"{c.model.num_experts_per_tok}, f32), batch {n} x prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} + {args.new} "
+          f"sampled tokens (temperature 1, no stop ids)")
+    res = {}
+    for name, fn in (("generate, make run's rl.sampler (buckets 32/128/128, sync 16)", gen(kw)),
+                     (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
+                     (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})",
+                      run_engine)):
+        med, ts, out = timed(fn, mk, args.warmup, args.reps)
+        res[name] = (med, out)
+        print(f"  {name:70s}: {ntok / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
+    (old_med, old_out), (_, tight_out), (eng_med, eng_out) = res.values()
+    same = all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, eng_out)) and all(
+        np.array_equal(a, b) for a, b in zip(old_out.tokens, tight_out.tokens))
+    print(f"  engine / make-run generate: {old_med / eng_med:.2f}x   (samples identical, same per-sequence keys: {same})")
+
+
+def staggered(c, params, args):
+    rng = np.random.default_rng(7)
+    budgets = rng.integers(8, args.new + 1, size=args.stream)
+    kw = sampler.sampler_kwargs_from_config(c)
+    B = args.batch
+    mk = lambda r: prompts(np.random.default_rng(100 + r), args.stream)     # noqa: E731
+    useful = int(budgets.sum())
+
+    def old(p):   # lockstep: each batch decodes until its longest row ends (the rows' stops, here budgets)
+        out = []
+        for s in range(0, len(p), B):
+            g = sampler.generate(params, p[s:s + B], jax.random.key(s), cfg=c, max_new_tokens=int(budgets[s:s + B].max()),
+                                 stop_tokens=(), **kw)
+            out += [t[:b] for t, b in zip(g.tokens, budgets[s:s + B])]
+        return out
+
+    eng = E.Engine(c, params=params, stop_tokens=())
+
+    def new(p):
+        keys = [sampler.sequence_keys(jax.random.key(s), B) for s in range(0, len(p), B)]
+        reqs = [E.Request(x, keys[i // B][i % B], int(budgets[i])) for i, x in enumerate(p)]
+        return [o.tokens for o in E.generate_requests(eng, reqs)]
+
+    print(f"\n[staggered] {args.stream} requests, budgets uniform in [8, {args.new}] ({useful} tokens), batches / slots "
+          f"of {B}")
+    o_med, o_ts, o_out = timed(old, mk, args.warmup, args.reps)
+    e_med, e_ts, e_out = timed(new, mk, args.warmup, args.reps)
+    print(f"  {'generate in lockstep batches (make run rl.sampler)':70s}: {useful / o_med:8.0f} tokens/s  ({fmt(o_ts)})")
+    print(f"  {'engine (continuous batching)':70s}: {useful / e_med:8.0f} tokens/s  ({fmt(e_ts)})")
+    same = all(np.array_equal(a, b) for a, b in zip(o_out, e_out))
+    print(f"  engine / lockstep: {o_med / e_med:.2f}x   (samples identical: {same})")
+
+
+def multi_turn(c, params, args):
+    n, G, T = args.episodes, args.group, args.turns
+    kw = sampler.sampler_kwargs_from_config(c)
+
+    def episodes(r):
+        rng = np.random.default_rng(1000 + r)
+        base = prompts(rng, n // G, 64, 128)
+        obs = [[rng.integers(0, 256, size=args.obs).astype(np.int32) for _ in range(T + 1)] for _ in range(n)]
+        summ = [rng.integers(0, 256, size=SUMMARY_LEN).astype(np.int32) for _ in range(n)]
+        return [base[i // G] for i in range(n)], obs, summ
+
+    def contexts_after(ctx, gen, obs, turn, prompt, summ):
+        if turn == T - 1:            # the rewrite: prompt + summary (self-summarization's new context)
+            return np.concatenate([prompt, summ])
+        return np.concatenate([ctx, gen, obs])
+
+    def old(data):
+        base, obs, summ = data
+        ctx, pre = list(base), 0
+        for t in range(T + 1):
+            g = sampler.generate(params, ctx, jax.random.key(t), cfg=c, max_new_tokens=args.new, stop_tokens=(), **kw)
+            pre += sum(len(x) for x in ctx)
+            if t < T:
+                ctx = [contexts_after(ctx[i], g.tokens[i], obs[i][t], t, base[i], summ[i]) for i in range(n)]
+        return pre
+
+    eng = E.Engine(c, params=params, stop_tokens=())
+
+    def new(data):
+        base, obs, summ = data
+        ctx = list(base)
+        before = eng.stats["prefill_tokens"]
+        for t in range(T + 1):
+            keys = sampler.sequence_keys(jax.random.key(t), n)
+            out = E.generate_requests(eng, [E.Request(x, keys[i], args.new, owner=i) for i, x in enumerate(ctx)])
+            if t < T:
+                ctx = [contexts_after(ctx[i], out[i].tokens, obs[i][t], t, base[i], summ[i]) for i in range(n)]
+        for i in range(n):
+            eng.release(i)
+        return eng.stats["prefill_tokens"] - before
+
+    print(f"\n[multi-turn] {n} episodes (groups of {G} share a prompt of 64-128 tokens), {T} turns of {args.new} tokens "
+          f"+ {args.obs}-token observations, a rewrite to prompt + {SUMMARY_LEN}-token summary, one more turn")
+    o_med, o_ts, o_pre = timed(old, episodes, args.warmup, args.reps)
+    e_med, e_ts, e_pre = timed(new, episodes, args.warmup, args.reps)
+    gen = n * (T + 1) * args.new
+    print(f"  {'lockstep generate (make run rl.sampler)':40s}: wall {o_med:6.2f} s  prefill {o_pre:7d} tokens  "
+          f"generated {gen}  ({fmt(o_ts)})")
+    print(f"  {'engine (cache across turns + groups)':40s}: wall {e_med:6.2f} s  prefill {e_pre:7d} tokens  "
+          f"generated {gen}  ({fmt(e_ts)})")
+    print(f"  engine / lockstep: wall {o_med / e_med:.2f}x lower, prefill {o_pre / max(e_pre, 1):.2f}x fewer tokens")
+
+
+def agent(c0, params, args):
+    """Key-recall episodes (configs/selfsum_tiny.py's family and agent) through `run_episodes`, lockstep
+    (`sampler.make_policy`) vs independent (`engine.EnginePolicy`), per context strategy. The weights
+    are untrained (`--agent-params` is not loaded here): turns are malformed calls answered by the
+    parse-error observation, so each episode runs `--agent-turns` turns and, past the trigger, the
+    strategy's rewrite; what is measured is the loop: rollout wall time, prefill tokens, generated tokens."""
+    from horizon.agent import run_episodes
+    from horizon.data.tokenizer import tokenizer_from_config
+    from horizon.env.families import family_from_config, make_episode
+    from horizon.sandbox.factory import open_sandbox
+
+    c = load_config_file(os.path.join(ROOT, "configs", "selfsum_tiny.py"))
+    c.agent.max_malformed_calls = args.agent_turns
+    c.agent.max_turns = args.agent_turns
+    tok = tokenizer_from_config(c)
+    params = numpy_init(ml_collections.FrozenConfigDict(c.model), 0)
+    fam = family_from_config(c.exp)
+    n = args.episodes
+    tasks = fam.tasks("train", n)
+    boxes = [open_sandbox(args.backend, c.exp.sandbox_image) if args.backend == "docker" else open_sandbox("local")
+             for _ in range(n)]
+    print(f"\n[agent] {n} key-recall episodes ({args.backend} sandboxes, untrained weights: {args.agent_turns} malformed "
+          f"turns each unless the context fills), {c.agent.num_tool_workers} tool workers")
+    try:
+        for strategy in args.strategies:
+            a = ml_collections.ConfigDict(c.agent.to_dict())
+            a.context_strategy = strategy
+
+            def run(policy):
+                for sb, t in zip(boxes, tasks):
+                    fam.reset(sb, t)
+                eps = [make_episode(fam, t, sb, tok, a) for t, sb in zip(tasks, boxes)]
+                t0 = time.perf_counter()
+                trajs = run_episodes(policy, eps, num_tool_workers=int(a.num_tool_workers))
+                return time.perf_counter() - t0, trajs
+
+            holder = sampler.ParamsHolder(params)
+            inner = sampler.make_policy(holder, c, jax.random.key(0))
+            counted = {"prefill": 0}
+
+            def old(contexts, max_new):
+                counted["prefill"] += sum(len(x) for x in contexts)
+                return inner(contexts, max_new)
+
+            new = E.EnginePolicy(holder, c, jax.random.key(0))
+            rows = []
+            for name, pol, pre in (("lockstep (make_policy)", old, lambda: counted["prefill"]),
+                                   ("engine (EnginePolicy)", new, lambda: new.state["prefill_tokens"])):
+                for _ in range(args.warmup):
+                    run(pol)
+                p0 = pre()
+                dt, trajs = run(pol)
+                gen = sum(t.num_generated_tokens for t in trajs)
+                turns = sum(t.stats["turns"] + t.stats["summaries"] for t in trajs)
+                rows.append((dt, pre() - p0))
+                print(f"  {strategy:17s} {name:24s}: wall {dt:6.2f} s  prefill {pre() - p0:7d} tokens  generated "
+                      f"{gen:6d}  turns {turns}")
+            (od, op), (nd, np_) = rows
+            print(f"  {strategy:17s} engine / lockstep: wall {od / nd:.2f}x lower, prefill {op / max(np_, 1):.2f}x fewer")
+    finally:
+        for sb in boxes:
+            sb.close()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--stream", type=int, default=128)
+    ap.add_argument("--episodes", type=int, default=32)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--obs", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--only", nargs="+", default=["raw", "staggered", "multi_turn", "agent"])
+    ap.add_argument("--backend", default="local", choices=("local", "docker"), help="agent workload sandboxes")
+    ap.add_argument("--strategies", nargs="+", default=["self_summary", "sliding_window"])
+    ap.add_argument("--agent-turns", type=int, default=4)
+    args = ap.parse_args(argv)
+    if min(args.batch, args.new, args.stream, args.episodes, args.group, args.turns, args.reps, args.warmup) < 1:
+        ap.error("sizes, --reps and --warmup must be >= 1 (the warm-up absorbs compilation)")
+    c = config()
+    params = numpy_init(ml_collections.FrozenConfigDict(c.model), 0)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPU cores")
+    for name in args.only:
+        {"raw": raw, "staggered": staggered, "multi_turn": multi_turn, "agent": agent}[name](c, params, args)
+
+
+if __name__ == "__main__":
+    main()

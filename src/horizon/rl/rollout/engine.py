@@ -1,0 +1,772 @@
+"""Continuous-batching rollout engine on the MLA latent cache (SPEC §1, §4, §4.1, §6; issue 24).
+
+`sampler.generate` decodes one fixed batch: every row waits for the slowest, every call prefills
+its prompts from scratch. The engine serves a stream of requests instead.
+
+Slots and memory. The engine owns one latent cache ``transformer.init_cache(cfg, slots, max_len)``
+(``c_kv`` + rope key per layer; the cache-memory budget is ``slots x max_len`` token positions,
+`rl.sampler.engine_slots` / `engine_max_len`). A slot is *active* (decoding a request), *parked*
+(holding the cache of an episode between its turns) or *free* (possibly still holding a finished
+request's tokens, a prefix another request may reuse). Each cache row is a left-aligned sequence:
+token t at slot position t, as in `generate` and the training forward.
+
+Requests. A `Request` is (context token ids, per-sequence key, max_new, stop ids, temperature,
+top_p, owner). Its generated token number g is drawn with ``fold_in(key, g)``
+(`sampler.token_keys`), exactly as `generate` draws row i's token g from ``sequence_keys(key)[i]``:
+a request whose key is ``fold_in(k, 0)`` samples what ``generate([context], k)`` samples, whatever
+else the engine is serving (tested: continuous batching == one-at-a-time `generate`).
+
+Budget policy: **queue**. Requests wait FIFO until a slot is obtainable; nothing is preempted. A
+request takes, in order: its owner's parked slot; a free slot (least recently used); a parked slot
+of another owner (LRU), whose cache is first swapped out to the park store (device arrays of the
+cached length, at most `engine_park_tokens` positions in all; the least recently used entries are
+dropped past that, and a dropped episode rebuilds from the longest common prefix of what is left).
+
+Reuse (prefill only what no cache holds). On admission the engine finds, among the slots (not
+assigned this round) and the park store, the cache whose tokens share the longest common prefix
+(LCP) with the request's context, copies those cache rows into the target slot (no copy when it
+is the target's own) and prefills only the rest, capped so that >= 1 token is prefilled (its
+logits draw the first token). Two cases this covers:
+
+* Per-episode cache across turns: an episode's next context extends its cached tokens (context +
+  every generated token, all fed, the stop token included), so a turn prefills only its new tokens
+  (observation + turn header). A context rewrite (self-summary, compaction, sliding window) shares
+  a shorter prefix with the cache: the engine rebuilds from that LCP. `Completion.prefill_tokens`
+  counts what was computed, `reused_tokens` what was not.
+* Shared prefixes: requests of one admission round with identical contexts (the G rollouts of a
+  prompt) are prefilled once: the first (leader) is prefilled, the others copy its cache rows and
+  draw their first token, each with its own key, from the leader's last logits (0 prefill tokens).
+
+Chunked prefill. Prefill runs on a gathered sub-batch of slot rows in chunks of at most
+`engine_prefill_chunk` tokens per row (all admitted rows advance together, one chunk per call),
+over an attention window of the first W cache positions (W a power of two covering the chunk);
+pad tokens are written past the window, i.e. nowhere (`transformer.decode` drops writes past the
+cache). Decode likewise attends over a window covering the active rows' positions.
+
+Decode. One jitted `lax.while_loop` runs up to `sync_tokens` decode steps (`chunk_tokens` with a
+`poll`) of every active slot per host round-trip, each step `sampler.decode_one` (the one decode
+step `generate` runs), with stop detection on device (a stop id fed, or max_new tokens fed). The
+loop leaves early when nothing is active or, while requests wait, as soon as `engine_refill_slots`
+slots finished (1: at once), so freed slots take the next waiting requests without waiting for the
+others (a larger value trades a little slot idle time for fewer prefill calls and host round-trips). Inactive slots feed
+at a position past the window (nothing written), so parked caches are untouched.
+
+Same contracts as `generate`. Logprobs are the untempered model's; ``router_indices[:, j]`` are the
+experts that processed generated token j as an input (router replay); every token carries the
+version of the weights that sampled it. With ``poll() -> (params, version)`` the engine polls at
+every host round-trip (<= `chunk_tokens` decode steps) and switches weights in flight: ``kv_mode``
+"keep" continues on the caches the old weights computed (parked ones included, PipelineRL);
+"recompute" re-prefills every active row (context + generated tokens) with the new weights,
+redraws each pending token with its own key and replaces the generated tokens' routing, and drops
+every other cache. Not yet: the mesh path (`generate`'s `sharded` placement); the engine runs on
+the default device.
+
+`EnginePolicy` adapts it to the agent: ``policy(contexts, max_new)`` (the lockstep interface,
+samples equal `sampler.make_policy`'s) and ``policy.stream()``, with which
+`horizon.agent.run_episodes` advances episodes independently (an episode's tool call runs as soon
+as its generation ends, in a bounded pool, while the engine decodes the others).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+from typing import Callable, Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from horizon.data.tokenizer import tokenizer_from_config
+from horizon.model import transformer
+from horizon.rl.maths.batch import bucket
+from horizon.rl.rollout import sampler
+
+KV_MODES = sampler.KV_MODES
+_NO_STOP = -1          # padding of a row's stop-id table (no token id is negative)
+
+
+# ----------------------------------------------------------------------------------------- types
+@dataclasses.dataclass
+class Request:
+    """One generation: continue `context` (int token ids) by at most `max_new` tokens.
+
+    `key` is the sequence's own key (token g drawn with ``fold_in(key, g)``); `stop_ids` default to
+    the model tokenizer's; `owner` (an episode) keeps its cache in the engine between its requests
+    until `Engine.release(owner)`.
+    """
+
+    context: Int[np.ndarray, " n"]
+    key: jax.Array
+    max_new: int
+    stop_ids: Sequence[int] | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    owner: Hashable | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+    """A finished request: generated tokens (stop token included when one was drawn), untempered
+    logprobs, routing [L_moe, m, k] of each token as an input, weight version per token, whether a
+    stop id ended it, and its prefill: tokens computed and cached tokens reused."""
+
+    request_id: int
+    tokens: Int[np.ndarray, " m"]
+    logprobs: Float[np.ndarray, " m"]
+    router_indices: Int[np.ndarray, "moe_layers m k"]
+    versions: Int[np.ndarray, " m"]
+    stopped: bool
+    prefill_tokens: int
+    reused_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static engine sizes (`engine_config` reads them from `rl.sampler`)."""
+
+    slots: int                 # decode slots (rows of the latent cache)
+    max_len: int               # positions per slot (cache budget = slots * max_len)
+    prefill_chunk: int         # max prefill tokens per row per call
+    min_prefill_chunk: int     # smallest chunk (power-of-two buckets from it up to prefill_chunk)
+    sync_tokens: int           # decode steps per host round-trip
+    min_window: int            # smallest attention window (power-of-two buckets above it)
+    park_tokens: int           # swap store budget for evicted parked caches (positions)
+    stop_slots: int            # max stop ids per request (the device stop table's width)
+    refill_slots: int = 1      # while requests wait, leave the decode loop once this many slots finished
+    kv_mode: str = "keep"
+
+
+def engine_config(cfg, **overrides) -> EngineConfig:
+    """`EngineConfig` from a full config's `rl.sampler` section (configs/rl_tiny.py); `engine_max_len`
+    0 = `model.max_seq_len`, `engine_park_tokens` < 0 = slots x max_len. `overrides` replace fields."""
+    s = cfg.rl.sampler
+    max_len = int(s.engine_max_len) or int(transformer.model_cfg(cfg).max_seq_len)
+    slots = int(s.engine_slots)
+    park = int(s.engine_park_tokens)
+    ec = dict(slots=slots, max_len=max_len, prefill_chunk=int(s.engine_prefill_chunk),
+              min_prefill_chunk=int(s.engine_min_prefill_chunk),
+              sync_tokens=int(s.sync_tokens), min_window=int(s.engine_min_window),
+              park_tokens=slots * max_len if park < 0 else park, stop_slots=int(s.engine_stop_slots),
+              refill_slots=int(s.engine_refill_slots), kv_mode=str(s.kv_mode))
+    ec.update(overrides)
+    return EngineConfig(**ec)
+
+
+# ------------------------------------------------------------------------------ device functions
+def _window(cache: dict, window: int) -> dict:
+    return jax.tree.map(lambda a: a[:, :, :window], cache)
+
+
+def _write_window(cache: dict, sub: dict, window: int) -> dict:
+    return jax.tree.map(lambda a, s: a.at[:, :, :window].set(s), cache, sub)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "window"), donate_argnames=("cache",))
+def prefill_rows(params: dict, cache: dict, rows: Int[Array, " b"], tokens: Int[Array, "b c"],
+                 start: Int[Array, " b"], count: Int[Array, " b"], *, cfg, window: int
+                 ) -> tuple[dict, Float[Array, "b vocab"], Int[Array, "moe_layers b c k"]]:
+    """One prefill chunk of cache rows `rows` (>= slots: padding, neither read nor written): row i's
+    first ``count[i]`` `tokens` go to positions ``start[i] + j`` through `transformer.decode` over
+    the first `window` positions (pad tokens at position `window`: not written). Returns (cache,
+    logits of each row's last token [b, V], routing of every token [L_moe, b, c, k])."""
+    b, c = tokens.shape
+    sub = jax.tree.map(lambda a: jnp.take(a[:, :, :window], rows, axis=1, mode="fill", fill_value=0), cache)
+    j = jnp.arange(c, dtype=jnp.int32)[None]
+    positions = jnp.where(j < count[:, None], start[:, None] + j, window)
+    logits, sub, aux = transformer.decode(params, sub, tokens, positions, cfg=cfg,
+                                          logits_at=jnp.maximum(count - 1, 0))
+    cache = jax.tree.map(lambda a, s: a.at[:, rows, :window].set(s, mode="drop"), cache, sub)
+    ri = aux["router_indices"]
+    return cache, logits[:, 0], ri.reshape(ri.shape[0], b, c, ri.shape[-1])
+
+
+@jax.jit
+def sample_rows(logits: Float[Array, "b vocab"], src: Int[Array, " f"], key_data: jax.Array,
+                index: Int[Array, " f"], temperature: Float[Array, " f"], top_p: Float[Array, " f"]
+                ) -> tuple[Int[Array, " f"], Float[Array, " f"]]:
+    """Draw generated token number ``index[i]`` of request i from the logits row ``src[i]`` with
+    ``fold_in(key i, index[i])`` (`sampler.token_keys`; a group's followers share their leader's row)."""
+    keys = sampler.token_keys(jax.random.wrap_key_data(key_data), index)
+    return sampler.sample_from_logits(jnp.take(logits, src, axis=0, mode="clip"), keys, temperature, top_p)
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def copy_rows(cache: dict, src: Int[Array, " f"], dst: Int[Array, " f"]) -> dict:
+    """Cache rows `src` copied onto rows `dst` (all reads before any write; dst >= slots: skipped)."""
+    return jax.tree.map(lambda a: a.at[:, dst].set(jnp.take(a, src, axis=1, mode="clip"), mode="drop"), cache)
+
+
+@functools.partial(jax.jit, static_argnames=("length",))
+def extract_row(cache: dict, row: Int[Array, ""], *, length: int) -> dict:
+    """The first `length` positions of cache row `row` (a swap-out to the park store)."""
+    return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(jnp.take(a, row, axis=1), 0, length, axis=1), cache)
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def insert_row(cache: dict, row: Int[Array, ""], saved: dict) -> dict:
+    """`saved` (an `extract_row` result) written back at the start of cache row `row`."""
+    return jax.tree.map(lambda a, s: a.at[:, row, : s.shape[1]].set(s), cache, saved)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "steps", "window"), donate_argnames=("cache",))
+def decode_loop(params: dict, cache: dict, state: dict, leave_after: Int[Array, ""], *, cfg, steps: int,
+                window: int) -> tuple[dict, dict, dict]:
+    """Up to `steps` decode steps of every slot on device (one `lax.while_loop`, one host sync).
+
+    `state` per slot: ``tok`` (pending token, generated number ``gen``, to be fed at ``pos``), ``lp``
+    (its logprob), ``max_new``, ``active``, ``key_data`` (the sequence key), ``temperature``,
+    ``top_p``, ``stops`` [S, n] (-1 padded). Each step feeds every active slot's pending token
+    (`sampler.decode_one`, recording it) and draws the next with ``fold_in(key, gen + 1)``; a slot
+    finishes after feeding a stop id or its ``max_new``-th token. Leaves when nothing is active or,
+    with `leave_after` > 0, once that many slots finished (to refill them). Returns (cache, state, outputs:
+    ``tok``/``lp``/``fed`` [steps, S], ``ri`` [steps, L_moe, S, k], ``steps`` run)."""
+    S = state["tok"].shape[0]
+    c = transformer.model_cfg(cfg)
+    L_moe = transformer.layer_counts(c)[1]
+    k = c.num_experts_per_tok
+    seq_keys = jax.random.wrap_key_data(state["key_data"])
+    outs = {"tok": jnp.zeros((steps, S), jnp.int32), "lp": jnp.zeros((steps, S), jnp.float32),
+            "fed": jnp.zeros((steps, S), bool), "ri": jnp.zeros((steps, L_moe, S, k), jnp.int32)}
+
+    def cond(carry):
+        i, _, st, finished, _ = carry
+        return (i < steps) & jnp.any(st["active"]) & ~((leave_after > 0) & (finished >= leave_after))
+
+    def body(carry):
+        i, sub, st, finished, o = carry
+        act = st["active"]
+        keys = sampler.token_keys(seq_keys, st["gen"] + 1)
+        pos = jnp.where(act, st["pos"], window)             # inactive: fed past the window, nothing written
+        sub, nxt, nlp, ri = sampler.decode_one(params, sub, st["tok"], pos, keys, st["temperature"], st["top_p"], cfg)
+        o = {"tok": o["tok"].at[i].set(st["tok"]), "lp": o["lp"].at[i].set(st["lp"]),
+             "fed": o["fed"].at[i].set(act), "ri": o["ri"].at[i].set(ri.reshape(L_moe, S, k))}
+        hit = jnp.any(st["tok"][:, None] == st["stops"], axis=-1)
+        fin = act & (hit | (st["gen"] + 1 >= st["max_new"]))
+        go = act & ~fin
+        st = dict(st, active=go, tok=jnp.where(go, nxt, st["tok"]), lp=jnp.where(go, nlp, st["lp"]),
+                  pos=jnp.where(go, st["pos"] + 1, st["pos"]), gen=jnp.where(go, st["gen"] + 1, st["gen"]))
+        return i + 1, sub, st, finished + jnp.sum(fin, dtype=jnp.int32), o
+
+    i, sub, state, _, outs = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), _window(cache, window), state, jnp.int32(0), outs))
+    return _write_window(cache, sub, window), state, dict(outs, steps=i)
+
+
+# ------------------------------------------------------------------------------------ host side
+def key_data(key: jax.Array) -> np.ndarray:
+    """The raw bits of a key (typed ``jax.random.key`` or legacy ``PRNGKey``), as the device loop
+    re-wraps them (`jax.random.wrap_key_data`, the default implementation)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(key))
+    return np.asarray(key)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two token arrays."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+@dataclasses.dataclass
+class _Seq:
+    """An admitted request's host record."""
+
+    rid: int
+    req: Request
+    ctx: np.ndarray
+    key_data: np.ndarray
+    stops: np.ndarray
+    toks: list = dataclasses.field(default_factory=list)
+    lps: list = dataclasses.field(default_factory=list)
+    ris: list = dataclasses.field(default_factory=list)      # [L_moe, k] per generated token
+    vers: list = dataclasses.field(default_factory=list)
+    prefill: int = 0
+    reused: int = 0
+
+
+@dataclasses.dataclass
+class _Slot:
+    tokens: np.ndarray                   # ids whose latents the row holds at positions 0..len-1
+    owner: Hashable | None = None
+    seq: _Seq | None = None              # the active request
+    used: int = 0                        # LRU clock
+
+
+@dataclasses.dataclass
+class _Job:
+    """A prefill: `tokens` go to positions start.. of `slot`; `followers` copy the result."""
+
+    seq: _Seq
+    slot: int
+    tokens: np.ndarray
+    start: int
+    index: int = 0                       # generated-token number the logits draw (recompute: m)
+    followers: list = dataclasses.field(default_factory=list)   # (seq, slot)
+    want_ri: bool = False
+    ri: list = dataclasses.field(default_factory=list)
+
+
+class Engine:
+    """Continuous-batching generation over a fixed set of latent-cache slots (module docstring).
+
+    `cfg` is the full config (model + `rl.sampler`) or a model config with `engine` an
+    `EngineConfig`. Weights: fixed `params` (tagged `version`) or ``poll() -> (params, version)``.
+    `submit` queues a `Request` and returns its id; `step` runs one host round-trip (admission +
+    prefill, then up to `sync_tokens` decode steps) and returns the requests that finished; `run`
+    steps until every submitted request finished. `stats` counts prefill / reused / generated
+    tokens, decode steps and host round-trips, weight switches, evictions.
+    """
+
+    def __init__(self, cfg, *, params: dict | None = None, poll: Callable[[], tuple[dict, int]] | None = None,
+                 version: int = 0, engine: EngineConfig | None = None, stop_tokens: Sequence[int] | None = None,
+                 **overrides):
+        if (params is None) == (poll is None):
+            raise ValueError("pass exactly one of params or poll")
+        ec = engine if engine is not None else engine_config(cfg)
+        ec = dataclasses.replace(ec, **overrides) if overrides else ec
+        if ec.kv_mode not in KV_MODES:
+            raise ValueError(f"kv_mode must be one of {KV_MODES}, got {ec.kv_mode!r}")
+        for f in ("slots", "max_len", "prefill_chunk", "min_prefill_chunk", "sync_tokens", "min_window", "stop_slots",
+                  "refill_slots"):
+            if getattr(ec, f) < 1:
+                raise ValueError(f"engine {f} must be >= 1, got {getattr(ec, f)}")
+        self.ec = ec
+        self.mcfg = sampler.frozen_model_cfg(cfg)
+        if ec.max_len > self.mcfg.max_seq_len:
+            raise ValueError(f"engine max_len={ec.max_len} exceeds model.max_seq_len={self.mcfg.max_seq_len}")
+        tok = tokenizer_from_config(cfg)
+        self.stop_tokens = tuple(tok.stop_ids if stop_tokens is None else stop_tokens)
+        self._poll = poll
+        self.params, self.version = (params, int(version)) if poll is None else poll()
+        self.cache = transformer.init_cache(self.mcfg, ec.slots, ec.max_len)
+        self.L_moe = transformer.layer_counts(self.mcfg)[1]
+        self.k = int(self.mcfg.num_experts_per_tok)
+        S = ec.slots
+        kd = np.asarray(jax.random.key_data(jax.random.key(0)))
+        self.st = {"tok": np.zeros(S, np.int32), "lp": np.zeros(S, np.float32), "pos": np.zeros(S, np.int32),
+                   "gen": np.zeros(S, np.int32), "max_new": np.zeros(S, np.int32), "active": np.zeros(S, bool),
+                   "key_data": np.zeros((S,) + kd.shape, kd.dtype), "temperature": np.ones(S, np.float32),
+                   "top_p": np.ones(S, np.float32), "stops": np.full((S, ec.stop_slots), _NO_STOP, np.int32)}
+        self.pending_version = np.zeros(S, np.int64)     # version that drew each slot's pending token
+        self.slots = [_Slot(np.zeros(0, np.int32)) for _ in range(S)]
+        self.store: collections.OrderedDict = collections.OrderedDict()   # owner -> (tokens, saved rows)
+        self.waiting: collections.deque = collections.deque()
+        self.finished: list[Completion] = []
+        self._next_rid = 0
+        self._clock = 0
+        self.stats = collections.Counter()
+
+    # -- public API ------------------------------------------------------------------------------
+    def submit(self, req: Request) -> int:
+        """Queue `req` (validated now); returns its request id."""
+        ctx = np.asarray(req.context, np.int32).reshape(-1)
+        n, V = len(ctx), int(self.mcfg.vocab_size)
+        if n < 1:
+            raise ValueError("every context needs at least one token")
+        if req.max_new < 1:
+            raise ValueError(f"max_new must be >= 1, got {req.max_new}")
+        if n + req.max_new > self.ec.max_len:
+            raise ValueError(f"context ({n}) + max_new ({req.max_new}) exceeds the engine's max_len={self.ec.max_len}")
+        if ((ctx < 0) | (ctx >= V)).any():
+            raise ValueError(f"context token ids must be in [0, {V})")
+        if not 0.0 < req.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {req.top_p}")
+        stops = tuple(self.stop_tokens if req.stop_ids is None else req.stop_ids)
+        if len(stops) > self.ec.stop_slots:
+            raise ValueError(f"{len(stops)} stop ids > engine stop_slots={self.ec.stop_slots}")
+        if req.owner is not None and (any(s.owner == req.owner and s.seq is not None for s in self.slots)
+                                      or any(q.req.owner == req.owner for q in self.waiting)):
+            raise ValueError(f"owner {req.owner!r} already has a request in flight")
+        table = np.full(self.ec.stop_slots, _NO_STOP, np.int32)
+        table[: len(stops)] = stops
+        rid = self._next_rid
+        self._next_rid += 1
+        self.waiting.append(_Seq(rid, req, ctx, key_data(req.key), table))
+        return rid
+
+    @property
+    def busy(self) -> bool:
+        """Requests waiting or decoding."""
+        return bool(self.waiting) or any(s.seq is not None for s in self.slots)
+
+    def step(self) -> list[Completion]:
+        """One host round-trip: poll weights, admit waiting requests (prefill), decode a chunk."""
+        self._maybe_switch()
+        self._admit()
+        if self.st["active"].any():
+            self._decode()
+        out, self.finished = self.finished, []
+        return out
+
+    def run(self) -> list[Completion]:
+        """Step until idle; the completions in finishing order."""
+        out = []
+        while self.busy:
+            out += self.step()
+        return out
+
+    def release(self, owner: Hashable) -> None:
+        """Forget `owner`'s cache: its parked slot becomes free (its tokens stay a reusable prefix)."""
+        for s in self.slots:
+            if s.owner == owner and s.seq is None:
+                s.owner = None
+        self.store.pop(owner, None)
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _maybe_switch(self) -> None:
+        if self._poll is None:
+            return
+        params, version = self._poll()
+        if int(version) == self.version:
+            return
+        self.params, self.version = params, int(version)
+        self.stats["switches"] += 1
+        if self.ec.kv_mode == "recompute":
+            self._recompute()
+
+    def _recompute(self) -> None:
+        """kv_mode="recompute": every cache was computed by old weights. Drop the idle ones; re-prefill
+        each active row (context + fed tokens) and redraw its pending token (module docstring)."""
+        self.store.clear()
+        jobs = []
+        for i, s in enumerate(self.slots):
+            if s.seq is None:
+                s.tokens, s.owner = np.zeros(0, np.int32), None
+                continue
+            toks = s.tokens
+            jobs.append(_Job(s.seq, i, toks, 0, index=int(self.st["gen"][i]), want_ri=True))
+            self.stats["recompute_tokens"] += len(toks)
+        self._run_prefill(jobs, count=False)
+        for j in jobs:
+            ri = np.concatenate(j.ri, axis=1) if j.ri else np.zeros((self.L_moe, 0, self.k), np.int32)
+            n, m = len(j.seq.ctx), len(j.seq.toks)
+            for g in range(m):
+                j.seq.ris[g] = ri[:, n + g]
+
+    # -- admission -------------------------------------------------------------------------------
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _pick_slot(self, owner, taken: set) -> int | None:
+        """The slot a request of `owner` takes (queue policy, module docstring) or None (wait)."""
+        idle = [i for i, s in enumerate(self.slots) if s.seq is None and i not in taken]
+        mine = [i for i in idle if owner is not None and self.slots[i].owner == owner]
+        if mine:
+            return mine[0]
+        free = [i for i in idle if self.slots[i].owner is None]
+        if free:
+            return min(free, key=lambda i: self.slots[i].used)
+        if idle:
+            victim = min(idle, key=lambda i: self.slots[i].used)
+            self._swap_out(victim)
+            return victim
+        return None
+
+    def _swap_out(self, i: int) -> None:
+        s = self.slots[i]
+        n = len(s.tokens)
+        self.stats["evictions"] += 1
+        if 0 < n <= self.ec.park_tokens:
+            while self.store and sum(len(t) for t, _ in self.store.values()) + n > self.ec.park_tokens:
+                self.store.popitem(last=False)
+                self.stats["store_drops"] += 1
+            saved = extract_row(self.cache, jnp.int32(i), length=n)
+            self.store[s.owner] = (s.tokens, saved)
+        s.owner, s.tokens = None, np.zeros(0, np.int32)
+
+    def _best_source(self, ctx: np.ndarray, target: int, taken: set):
+        """(kind, where, lcp) of the cache sharing the longest prefix with `ctx`: ("slot", i) among
+        slots not assigned this round (the target's own included), or ("store", owner)."""
+        best = ("none", None, 0)
+        for i, s in enumerate(self.slots):
+            if (i in taken and i != target) or len(s.tokens) == 0:
+                continue
+            n = common_prefix(s.tokens, ctx)
+            if n > best[2] or (n == best[2] and n > 0 and i == target):
+                best = ("slot", i, n)
+        for owner, (toks, _) in self.store.items():
+            n = common_prefix(toks, ctx)
+            if n > best[2]:
+                best = ("store", owner, n)
+        return best
+
+    def _admit(self) -> None:
+        """Assign waiting requests to slots (FIFO, queue policy) and prefill them (module docstring)."""
+        if not self.waiting:
+            return
+        taken: set = set()
+        copies, inserts, jobs, leaders = [], [], [], {}
+        while self.waiting:
+            seq = self.waiting[0]
+            owner = seq.req.owner
+            i = self._pick_slot(owner, taken)
+            if i is None:
+                break
+            self.waiting.popleft()
+            taken.add(i)
+            slot = self.slots[i]
+            slot.owner, slot.seq, slot.used = owner, seq, self._tick()
+            key = seq.ctx.tobytes()
+            if key in leaders:                                      # identical context this round
+                leaders[key].followers.append((seq, i))
+                slot.tokens = seq.ctx
+                seq.reused = len(seq.ctx)
+                self.stats["reused_tokens"] += seq.reused
+                continue
+            kind, where, lcp = self._best_source(seq.ctx, i, taken)
+            lcp = min(lcp, len(seq.ctx) - 1)                        # >= 1 token prefilled: its logits draw
+            if lcp > 0 and kind == "slot" and where != i:
+                copies.append((where, i))
+            elif lcp > 0 and kind == "store":
+                inserts.append((i, self.store[where][1]))
+                if where == owner:
+                    self.store.pop(where)
+            seq.reused = lcp
+            self.stats["reused_tokens"] += lcp
+            slot.tokens = seq.ctx
+            job = _Job(seq, i, seq.ctx[lcp:], lcp)
+            jobs.append(job)
+            leaders[key] = job
+        if copies:                           # reads before any write of this round (a source may be a
+            src, dst = zip(*copies)          # target further down the queue): copies, inserts, prefill
+            self._copy(list(src), list(dst))
+        for i, saved in inserts:
+            self.cache = insert_row(self.cache, jnp.int32(i), saved)
+        self._run_prefill(jobs, count=True)
+        follow = [(j.slot, i) for j in jobs for _, i in j.followers]
+        if follow:
+            src, dst = zip(*follow)
+            self._copy(list(src), list(dst))
+
+    def _copy(self, src: list, dst: list) -> None:
+        pad = [self.ec.slots] * (self.ec.slots - len(src))     # one compile: always `slots` pairs
+        self.cache = copy_rows(self.cache, jnp.asarray(src + [0] * len(pad), jnp.int32),
+                               jnp.asarray(dst + pad, jnp.int32))
+
+    def _run_prefill(self, jobs: list, *, count: bool) -> None:
+        """Prefill `jobs` in chunks (all rows advance together), then draw each request's pending
+        token (followers from their leader's logits) and activate the slots."""
+        todo = list(jobs)
+        S, C_max = self.ec.slots, self.ec.prefill_chunk
+        while todo:
+            b = bucket(len(todo), 1)
+            c = min(C_max, bucket(max(len(j.tokens) for j in todo), self.ec.min_prefill_chunk))
+            rows = np.full(b, S, np.int32)
+            toks = np.zeros((b, c), np.int32)
+            start = np.zeros(b, np.int32)
+            cnt = np.zeros(b, np.int32)
+            for r, j in enumerate(todo):
+                n = min(c, len(j.tokens))
+                rows[r], start[r], cnt[r] = j.slot, j.start, n
+                toks[r, :n] = j.tokens[:n]
+            window = min(self.ec.max_len, bucket(int((start + cnt).max()), self.ec.min_window))
+            self.cache, logits, ri = prefill_rows(self.params, self.cache, jnp.asarray(rows), jnp.asarray(toks),
+                                                  jnp.asarray(start), jnp.asarray(cnt), cfg=self.mcfg, window=window)
+            if any(j.want_ri for j in todo):
+                ri_h = np.asarray(ri)
+                for r, j in enumerate(todo):
+                    if j.want_ri:
+                        j.ri.append(ri_h[:, r, : cnt[r]])
+            done, rest = [], []
+            for r, j in enumerate(todo):
+                n = int(cnt[r])
+                if count:
+                    j.seq.prefill += n
+                    self.stats["prefill_tokens"] += n
+                j.tokens, j.start = j.tokens[n:], j.start + n
+                (rest if len(j.tokens) else done).append((r, j))
+            if done:
+                self._draw_first(logits, done)
+            todo = [j for _, j in rest]
+
+    def _draw_first(self, logits, done: list) -> None:
+        """Draw the pending token of every request whose prefill ended in this call (leaders from their
+        own logits row, followers from their leader's) and activate their slots."""
+        who = [(r, j.seq, j.slot, j.index) for r, j in done]
+        who += [(r, f, i, 0) for r, j in done for f, i in j.followers]
+        pad = self.ec.slots - len(who)                           # one compile: always `slots` draws
+        src = np.array([w[0] for w in who] + [0] * pad, np.int32)
+        kd = np.stack([w[1].key_data for w in who] + [who[0][1].key_data] * pad)
+        idx = np.array([w[3] for w in who] + [0] * pad, np.int32)
+        temp = np.array([w[1].req.temperature for w in who] + [1.0] * pad, np.float32)
+        tp = np.array([w[1].req.top_p for w in who] + [1.0] * pad, np.float32)
+        tok, lp = sample_rows(logits, jnp.asarray(src), jnp.asarray(kd), jnp.asarray(idx), jnp.asarray(temp),
+                              jnp.asarray(tp))
+        tok, lp = np.asarray(tok), np.asarray(lp)
+        st = self.st
+        for n, (_, seq, i, index) in enumerate(who):
+            st["tok"][i], st["lp"][i] = tok[n], lp[n]
+            st["pos"][i] = len(self.slots[i].tokens)
+            st["gen"][i] = index
+            st["max_new"][i] = seq.req.max_new
+            st["active"][i] = True
+            st["key_data"][i] = seq.key_data
+            st["temperature"][i], st["top_p"][i] = seq.req.temperature, seq.req.top_p
+            st["stops"][i] = seq.stops
+            self.pending_version[i] = self.version
+
+    # -- decode ----------------------------------------------------------------------------------
+    def _decode(self) -> None:
+        st = self.st
+        K = self.ec.sync_tokens
+        act = st["active"]
+        window = min(self.ec.max_len, bucket(int(st["pos"][act].max()) + K, self.ec.min_window))
+        dev = {k: jnp.asarray(v) for k, v in st.items()}
+        leave = min(self.ec.refill_slots, len(self.waiting))      # 0: nobody waits, run the chunk out
+        self.cache, new, outs = decode_loop(self.params, self.cache, dev, jnp.int32(leave),
+                                            cfg=self.mcfg, steps=K, window=window)
+        outs, new = jax.device_get((outs, new))
+        steps = int(outs["steps"])
+        self.stats["decode_steps"] += steps
+        self.stats["round_trips"] += 1
+        for k_ in ("tok", "lp", "pos", "gen", "active"):
+            st[k_] = np.array(new[k_])
+        fed = outs["fed"][:steps]
+        for i in np.flatnonzero(fed.any(axis=0)):
+            s = self.slots[i]
+            seq = s.seq
+            rows = np.flatnonzero(fed[:, i])
+            toks = outs["tok"][rows, i]
+            seq.toks.extend(toks.tolist())
+            seq.lps.extend(outs["lp"][rows, i].tolist())
+            seq.ris.extend(outs["ri"][r, :, i] for r in rows)
+            seq.vers.extend([int(self.pending_version[i])] + [self.version] * (len(rows) - 1))
+            self.pending_version[i] = self.version
+            s.tokens = np.concatenate([s.tokens, toks.astype(np.int32)])
+            self.stats["generated_tokens"] += len(rows)
+            if not st["active"][i]:
+                self._complete(i)
+
+    def _complete(self, i: int) -> None:
+        s = self.slots[i]
+        seq, s.seq, s.used = s.seq, None, self._tick()
+        m = len(seq.toks)
+        toks = np.asarray(seq.toks, np.int32)
+        ri = np.stack(seq.ris, axis=1) if m else np.zeros((self.L_moe, 0, self.k), np.int32)
+        self.finished.append(Completion(
+            request_id=seq.rid, tokens=toks, logprobs=np.asarray(seq.lps, np.float32), router_indices=ri,
+            versions=np.asarray(seq.vers, np.int32), stopped=bool(m and np.isin(toks[-1], seq.stops[seq.stops >= 0])),
+            prefill_tokens=seq.prefill, reused_tokens=seq.reused))
+
+
+def generate_requests(engine: Engine, requests: Sequence[Request]) -> list[Completion]:
+    """Submit `requests`, run the engine until they finish; their completions in request order."""
+    ids = [engine.submit(r) for r in requests]
+    got = {c.request_id: c for c in engine.run()}
+    return [got[i] for i in ids]
+
+
+# ------------------------------------------------------------------------------ agent adapter
+class EngineStream:
+    """One `run_episodes` call's view of an `EnginePolicy` (the interface `horizon.agent.run_episodes`
+    drives episodes through independently): `submit(episode, context, max_new)` queues an episode's
+    turn (owner = the episode: its cache persists between turns), `advance()` runs one engine
+    round-trip and returns the ``(episode, Generation)`` pairs that finished, `release(episode)` drops
+    a finished episode's cache. Turn t of episode e draws with key ``fold_in(fold_in(stream key, e), t)``,
+    so an episode's samples do not depend on the timing of the others."""
+
+    def __init__(self, policy: "EnginePolicy", key: jax.Array):
+        self.policy, self.key = policy, key
+        self.session = policy._new_session()
+        self.turns: dict[int, int] = collections.Counter()
+        self.by_rid: dict[int, int] = {}
+
+    def submit(self, episode: int, context: np.ndarray, max_new_tokens: int) -> None:
+        key = jax.random.fold_in(jax.random.fold_in(self.key, int(episode)), self.turns[episode])
+        self.turns[episode] += 1
+        rid = self.policy.engine.submit(self.policy._request(context, key, max_new_tokens,
+                                                             owner=(self.session, int(episode))))
+        self.by_rid[rid] = (int(episode), self.turns[episode] - 1)
+
+    def advance(self) -> list:
+        out = []
+        for c in self.policy.engine.step():
+            episode, turn = self.by_rid.pop(c.request_id)
+            out.append((episode, self.policy._generation(c, episode=episode, turn=turn)))
+        return out
+
+    def release(self, episode: int) -> None:
+        self.policy.engine.release((self.session, int(episode)))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.by_rid)
+
+
+class EnginePolicy:
+    """The engine as the agent's policy (horizon.agent), like `sampler.make_policy`.
+
+    `params_ref` is a `sampler.ParamsHolder` or a ``poll() -> (params, version)`` function; the
+    engine polls it at every host round-trip (<= `chunk_tokens` decode steps), so a swap takes
+    effect mid-generation (per-token versions, `kv_mode`). `cfg` is the full config (model +
+    `rl.sampler`); `overrides` replace sampler keyword arguments (temperature, top_p, stop_tokens)
+    or `EngineConfig` fields. ``policy(contexts, max_new)`` consumes a fresh split of `key` per call
+    and gives row i the key ``fold_in(split, i)``, as `make_policy`/`generate` do, hence the same
+    samples; ``policy.stream()`` (a fresh split) is the independent-episode interface. `state`
+    counts switches, generated tokens and prefill tokens computed / reused.
+    """
+
+    def __init__(self, params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
+                 engine: EngineConfig | None = None, **overrides):
+        skw = sampler.sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
+        ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        eng = {k: overrides.pop(k) for k in list(overrides) if k in ec_fields}
+        skw.update(overrides)
+        self.temperature = float(skw.get("temperature", 1.0))
+        self.top_p = float(skw.get("top_p", 1.0))
+        if chunk_tokens:
+            eng["sync_tokens"] = int(chunk_tokens)
+        if kv_mode is not None:
+            eng["kv_mode"] = kv_mode
+        poll = params_ref.get if isinstance(params_ref, sampler.ParamsHolder) else params_ref
+        self.engine = Engine(cfg, poll=poll, engine=engine, stop_tokens=skw.get("stop_tokens"), **eng)
+        self.params_ref = params_ref
+        self._lock = threading.Lock()
+        self._sessions = 0
+        self.state = {"key": key, "switches": 0, "tokens": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self.log: list[dict] = []     # per generation: episode, turn, context / prefill / reused / generated tokens
+
+    def _split(self) -> jax.Array:
+        with self._lock:
+            self.state["key"], sub = jax.random.split(self.state["key"])
+        return sub
+
+    def _new_session(self) -> int:
+        with self._lock:
+            self._sessions += 1
+            return self._sessions
+
+    def _request(self, context, key, max_new: int, owner=None) -> Request:
+        return Request(np.asarray(context, np.int32), key, int(max_new), None, self.temperature, self.top_p, owner)
+
+    def _generation(self, c: Completion, episode: int | None = None, turn: int | None = None):
+        from horizon.agent import Generation  # the agent owns the type
+
+        self.log.append(dict(episode=episode, turn=turn, context_tokens=c.prefill_tokens + c.reused_tokens,
+                             prefill_tokens=c.prefill_tokens, reused_tokens=c.reused_tokens,
+                             generated_tokens=len(c.tokens)))
+        self.state["tokens"] += len(c.tokens)
+        self.state["prefill_tokens"] += c.prefill_tokens
+        self.state["reused_tokens"] += c.reused_tokens
+        self.state["switches"] = int(self.engine.stats["switches"])
+        return Generation(tokens=c.tokens, logprobs=c.logprobs, router_indices=c.router_indices,
+                          policy_version=c.versions)
+
+    def __call__(self, contexts: list, max_new_tokens: int) -> list:
+        sub = self._split()
+        keys = sampler.sequence_keys(sub, len(contexts))
+        reqs = [self._request(ctx, keys[i], max_new_tokens) for i, ctx in enumerate(contexts)]
+        return [self._generation(c) for c in generate_requests(self.engine, reqs)]
+
+    def stream(self) -> EngineStream:
+        """A fresh stream (its own key split) for one `run_episodes` call."""
+        return EngineStream(self, self._split())

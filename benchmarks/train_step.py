@@ -22,6 +22,12 @@ head), and the achieved useful FLOP/s (analytic / step time) of both sides as a 
 machine's float32 matmul peak, measured in the same run (`--peak-n`: a jitted n x n x n matmul).
 
     .venv/bin/python benchmarks/train_step.py [--layers 2 --seq 128 --batch 4 --steps 5 --warmup 2]
+
+On a GPU (issue 27), a config at its own shapes and dtypes, without HF, against the measured bf16 peak
+and the spec peak (`--spec-peak`, TFLOP/s), with a MoE precision recipe and grouped-GEMM implementation:
+
+    JAX_PLATFORMS=cuda python3 benchmarks/train_step.py --config configs/v2_lite.py --skip-hf \
+        --peak-dtype bfloat16 --peak-n 8192 --spec-peak 989 [--precision mxfp8] [--grouped-impl block]
 """
 
 from __future__ import annotations
@@ -60,20 +66,35 @@ def small_config(layers: int):
 
 
 def make_config(args):
-    cfg = small_config(args.layers)
-    cfg.data.seq_len, cfg.data.batch_size = args.seq, args.batch
+    """configs/small.py scaled to CPU (module docstring), or `--config` at its own shapes; flags override."""
+    if args.config is None:
+        cfg = small_config(args.layers or 2)
+        cfg.data.seq_len, cfg.data.batch_size = args.seq or 128, args.batch or 4
+    else:
+        cfg = load_config_file(args.config)
+        if args.layers:
+            cfg.model.num_layers = args.layers
+            cfg.model.first_k_dense = min(cfg.model.first_k_dense, args.layers)
+        cfg.data.seq_len = args.seq or cfg.data.seq_len
+        cfg.data.batch_size = args.batch or cfg.data.batch_size
+    if args.precision:
+        cfg.model.moe_precision = args.precision
+    if args.grouped_impl:
+        cfg.model.grouped_impl = args.grouped_impl
     return cfg
 
 
-def matmul_peak(n: int, reps: int = 5) -> float:
-    """This machine's float32 matmul FLOP/s in JAX: the best of `reps` timed n x n x n products."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+def matmul_peak(n: int, reps: int = 5, dtype=jnp.float32) -> float:
+    """This machine's matmul FLOP/s in JAX for `dtype`: the best of `reps` timed n x n x n products on
+    random data (two input sets alternated, so a repeat does not reuse a cached product)."""
+    xs = [jax.random.normal(jax.random.PRNGKey(i), (n, n), dtype) for i in range(2)]
     f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
+    for x in xs:
+        f(x).block_until_ready()
     best = float("inf")
-    for _ in range(reps):
+    for i in range(reps):
         t0 = time.perf_counter()
-        f(a).block_until_ready()
+        f(xs[i % 2]).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n ** 3 / best
 
@@ -96,16 +117,17 @@ def bench_horizon(cfg, tokens: np.ndarray, args):
              "mask": jnp.ones((b, s), jnp.int32)}
     step = lm.jit_train_step(cfg)
     params0 = state.params
-    times, losses = [], []
+    times, losses, first = [], [], 0.0
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         state, metrics = step(state, batch)
         jax.block_until_ready(state.params)
         dt = time.perf_counter() - t0
         losses.append(float(metrics["loss"]))
+        first = first or dt
         if i >= args.warmup:
             times.append(dt)
-    return params0, times, losses
+    return params0, times, losses, first
 
 
 def bench_hf(cfg, params0, tokens: np.ndarray, args):
@@ -141,13 +163,19 @@ def bench_hf(cfg, params0, tokens: np.ndarray, args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--config", default=None, help="a configs/*.py (default: configs/small.py scaled to CPU)")
+    ap.add_argument("--layers", type=int, default=None, help="default 2 (small.py), else the config's")
+    ap.add_argument("--seq", type=int, default=None, help="default 128 (small.py), else the config's")
+    ap.add_argument("--batch", type=int, default=None, help="default 4 (small.py), else the config's")
+    ap.add_argument("--precision", default=None, help="model.moe_precision (default: the config's)")
+    ap.add_argument("--grouped-impl", default=None, help="model.grouped_impl (default: the config's)")
+    ap.add_argument("--peak-dtype", default="float32", help="dtype of the matmul peak measurement")
+    ap.add_argument("--spec-peak", type=float, default=0.0, help="the datasheet peak in TFLOP/s (0: not shown)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-flops", action="store_true", help="no compiled-FLOP count (saves one compile)")
     ap.add_argument("--peak-n", type=int, default=2048, help="matmul size of the float32 peak measurement")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
@@ -155,24 +183,33 @@ def main(argv=None):
 
     cfg = make_config(args)
     m = cfg.model
-    tokens = np.random.default_rng(args.seed).integers(0, m.vocab_size, (args.batch, args.seq)).astype(np.int32)
-    ntok = args.batch * args.seq
-    print(f"config: configs/small.py with num_layers={m.num_layers} (first_k_dense={m.first_k_dense}), "
-          f"seq={args.seq}, batch={args.batch}, d_model={m.d_model}, "
-          f"experts={m.num_experts} top-{m.num_experts_per_tok}, "
-          f"vocab={m.vocab_size}, float32; devices={jax.devices()}")
+    batch, seq = cfg.data.batch_size, cfg.data.seq_len
+    tokens = np.random.default_rng(args.seed).integers(0, m.vocab_size, (batch, seq)).astype(np.int32)
+    ntok = batch * seq
+    print(f"config: {args.config or 'configs/small.py'} with num_layers={m.num_layers} "
+          f"(first_k_dense={m.first_k_dense}), seq={seq}, batch={batch}, d_model={m.d_model}, "
+          f"experts={m.num_experts} top-{m.num_experts_per_tok}, vocab={m.vocab_size}, {m.dtype}, "
+          f"moe_precision={m.moe_precision}, grouped_impl={m.get('grouped_impl', 'auto')} "
+          f"({grouped.choose_impl(m.get('grouped_impl', 'auto'))}); devices={jax.devices()}")
 
-    peak = matmul_peak(args.peak_n)
-    ana = params.train_step_flops(cfg, args.batch, args.seq)
-    comp = compiled_flops(cfg, tokens, args)
-    print(f"float32 matmul peak ({args.peak_n}^3 in JAX): {peak / 1e9:.1f} GFLOP/s")
-    print(f"FLOPs per step: compiled {comp:.3g} vs analytic {ana['total']:.3g} = {comp / ana['total']:.2f}x "
-          f"(analytic: matmul {ana['matmul']:.3g}, attention {ana['attention']:.3g}, lm_head {ana['lm_head']:.3g})")
-    params0, jt, jl = bench_horizon(cfg, tokens, args)
+    peak = matmul_peak(args.peak_n, dtype=jnp.dtype(args.peak_dtype))
+    ana = params.train_step_flops(cfg, batch, seq)
+    print(f"{args.peak_dtype} matmul peak ({args.peak_n}^3 in JAX): {peak / 1e9:.1f} GFLOP/s")
+    if not args.skip_flops:
+        t0 = time.perf_counter()
+        comp = compiled_flops(cfg, tokens, args)
+        print(f"FLOPs per step: compiled {comp:.3g} vs analytic {ana['total']:.3g} = {comp / ana['total']:.2f}x "
+              f"(analytic: matmul {ana['matmul']:.3g}, attention {ana['attention']:.3g}, lm_head "
+              f"{ana['lm_head']:.3g}; FLOP-count compile {time.perf_counter() - t0:.1f} s)")
+    params0, jt, jl, jt0 = bench_horizon(cfg, tokens, args)
     j_med = statistics.median(jt)
     print(f"horizon JAX : median step {j_med * 1e3:8.1f} ms  -> {ntok / j_med:9.1f} tokens/s  "
           f"{ana['total'] / j_med / 1e9:6.1f} useful GFLOP/s = {ana['total'] / j_med / peak:.0%} of peak  "
           f"(steps {['%.0f' % (x * 1e3) for x in jt]} ms; loss {jl[0]:.4f} -> {jl[-1]:.4f})")
+    if args.spec_peak:
+        print(f"MFU (analytic FLOPs / step time): {ana['total'] / j_med / peak:.1%} of the measured "
+              f"{args.peak_dtype} peak ({peak / 1e12:.0f} TFLOP/s), {ana['total'] / j_med / (args.spec_peak * 1e12):.1%} "
+              f"of the {args.spec_peak:.0f} TFLOP/s spec peak; first step (compile + run) {jt0:.1f} s")
     if args.skip_hf:
         return
     ht, hl, impl, threads = bench_hf(cfg, params0, tokens, args)

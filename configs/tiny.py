@@ -46,6 +46,7 @@ def model_config() -> ml_collections.ConfigDict:
     m.dtype = "float32"           # compute dtype
     m.param_dtype = "float32"
     m.moe_precision = "bf16"      # "bf16" | "mxfp8" | "nvfp4" | "nvfp4_per_token_fwd_mxfp8_bwd" (SPEC §3)
+    m.grouped_impl = "auto"       # bf16 expert GEMM: "auto" (per backend, grouped.choose_impl) | "block" | "ragged_dot"
     m.quant_division = "ieee"     # NVFP4 scale division: "ieee" | "approx" (fast reciprocal model, SPEC §3)
     m.quant_approx_rcp_bits = 22  # mantissa bits of the modelled fast reciprocal (horizon.quant.formats)
     return m

@@ -212,11 +212,17 @@ def grouped_mxfp8_matmul_from_parts(
     n_tiles, k_chunks = n // cfg.tile_n, k // cfg.tile_k
     kern = functools.partial(_grouped_kernel, cfg=cfg, num_groups=g, num_visits=num_visits,
                              n_tiles=n_tiles, k_chunks=k_chunks, interpret=interpret)
+    # Lane semantics, as on jax 0.10 (its default): jax 0.11's default, Warpgroup, runs a layout inference
+    # that cannot place the epilogue's row slices at schedule-given offsets ("prove the divisibility of
+    # index 0 using pl.multiple_of"; seen on an H200, docs/KERNELS.md).
+    params = None if C.is_interpret(interpret) else plgpu.CompilerParams(
+        lowering_semantics=plgpu.LoweringSemantics.Lane)
     f = plgpu.kernel(
         kern,
         out_type=jax.ShapeDtypeStruct((t, n), out_dtype),
         grid=(min(num_sms, num_visits * n_tiles),),
         grid_names=("sm",),
+        compiler_params=params,
         interpret=interpret,
     )
     return f(sched, av, b_values, sa, sb)

@@ -15,9 +15,6 @@ Division mode ("ieee" | "approx") is the SPEC §3 ablation switch.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl

@@ -26,8 +26,10 @@ context) the tile loops trace as the same tile GEMMs in one batched product (the
 variant above: identical products, only the schedule differs), for an exact compiled count (tests
 and benchmarks use it; execution keeps the loop).
 
-`IMPLS`/`choose_impl` is the one place the implementation is chosen ("ragged_dot" | "block"): "block"
-on every backend until a GPU run measures `ragged_dot` there (issue 20); `block_rows` sizes the tile.
+`IMPLS`/`choose_impl` is the one place the implementation is chosen ("ragged_dot" | "block"; per backend in
+`AUTO_IMPL`, per model by `model.grouped_impl`): "block" on every backend. On an H200 the block forward of
+one DeepSeek-V3 MoE layer (16k tokens, 256 experts top-8, d 7168, f 2048, bf16) ran at 73 TFLOP/s; XLA's
+`ragged_dot` there is not measured yet (docs/PERF.md "On a lent H200"); `block_rows` sizes the tile.
 """
 
 from __future__ import annotations
@@ -66,11 +68,16 @@ def count_flops():
         _UNROLL.pop()
 
 
+# What "auto" means per backend (`jax.default_backend()`): measured, see the module docstring and
+# docs/PERF.md ("Grouped expert GEMM on an H200"); a backend not listed gets "block".
+AUTO_IMPL = {"cpu": "block", "gpu": "block"}
+
+
 def choose_impl(impl: str = "auto") -> str:
-    """The grouped-GEMM implementation ("auto" -> "block" on every backend: module docstring)."""
+    """The grouped-GEMM implementation: `impl`, or for "auto" this backend's `AUTO_IMPL` entry."""
     if impl not in IMPLS:
         raise ValueError(f"grouped matmul impl={impl!r}; expected one of {IMPLS}")
-    return "block" if impl == "auto" else impl
+    return AUTO_IMPL.get(jax.default_backend(), "block") if impl == "auto" else impl
 
 
 def tile_layout(group_sizes: Int[Array, " g"], rows: int, block: int):

@@ -89,7 +89,7 @@ def moe_logical_axes(cfg) -> dict:
 
 def expert_matmul(
     x: Float[Array, "m k"], w: Float[Array, "experts k n"], group_sizes: Int[Array, " experts"], *, precision: str,
-    division: str = "ieee", approx_bits: int = 22,
+    division: str = "ieee", approx_bits: int = 22, impl: str = "auto",
 ) -> Float[Array, "m n"]:
     """Grouped GEMM over expert-sorted rows: rows ``[sum(gs[:e]), sum(gs[:e+1]))`` use ``w[e]``.
 
@@ -97,10 +97,11 @@ def expert_matmul(
     (`horizon.model.grouped.grouped_matmul`, `ragged_dot` semantics at the routed rows' FLOPs) in the
     compute dtype; the block-scaled recipes ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd") go through
     `horizon.quant.qmoe.quantized_ragged_dot` (custom VJP: quantized forward, MXFP8 backward).
-    ``division``/``approx_bits`` select IEEE vs approximate-reciprocal scale division (ablation).
+    ``division``/``approx_bits`` select IEEE vs approximate-reciprocal scale division (ablation);
+    ``impl`` the bf16 grouped GEMM's implementation (`model.grouped_impl`, `grouped.choose_impl`).
     """
     if precision in PRECISIONS_IMPLEMENTED:
-        return grouped.grouped_matmul(x, w.astype(x.dtype), group_sizes)
+        return grouped.grouped_matmul(x, w.astype(x.dtype), group_sizes, impl=impl)
     if precision in PRECISIONS_PLANNED:
         from horizon.quant.qmoe import quantized_ragged_dot  # lazy: quant is optional on the bf16 path
 
@@ -182,7 +183,7 @@ def routed_experts(
     xs = jnp.take(x, token_of, axis=0)
     mm = functools.partial(expert_matmul, group_sizes=group_sizes, precision=cfg.moe_precision,
                            division=cfg.get("quant_division", "ieee"),
-                           approx_bits=cfg.get("quant_approx_rcp_bits", 22))
+                           approx_bits=cfg.get("quant_approx_rcp_bits", 22), impl=cfg.get("grouped_impl", "auto"))
     h = jax.nn.silu(mm(xs, p["gate"])) * mm(xs, p["up"])
     y = mm(h, p["down"])
     y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.model import layers, mla, moe, rope
+from horizon.model import grouped, layers, mla, moe, rope
 from horizon.utils.config import ConfigError
 
 
@@ -56,6 +56,8 @@ def validate_config(cfg) -> None:
         need(c.replay_plausibility_ratio >= 0, "replay_plausibility_ratio must be >= 0")
         need(c.moe_precision in moe.PRECISIONS_IMPLEMENTED + moe.PRECISIONS_PLANNED,
              f"moe_precision={c.moe_precision!r} is unknown (one of {moe.PRECISIONS_IMPLEMENTED + moe.PRECISIONS_PLANNED})")
+        need(c.get("grouped_impl", "auto") in grouped.IMPLS,
+             f"grouped_impl={c.get('grouped_impl')!r} is unknown (one of {grouped.IMPLS})")
     need(c.mtp_depth >= 0, f"mtp_depth must be >= 0, got {c.mtp_depth}")
     need(c.rope_scaling.type in rope.ROPE_TYPES, f"rope_scaling.type={c.rope_scaling.type!r} must be in {rope.ROPE_TYPES}")
     if c.rope_scaling.type == "yarn":

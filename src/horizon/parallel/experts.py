@@ -128,10 +128,10 @@ def _dispatch_compute_combine(p_exp, x, w, idx, *, ep: int, cap: int, opts: dict
     order = jnp.argsort(recv_e, stable=True)
     group_sizes = jnp.bincount(recv_e, length=E_local).astype(jnp.int32)  # empty slots not counted
     xs = jnp.take(rows, order, axis=0)
-    prec = cfg.moe_precision
-    h = jax.nn.silu(moe.expert_matmul(xs, p_exp["gate"], group_sizes, precision=prec)) * moe.expert_matmul(
-        xs, p_exp["up"], group_sizes, precision=prec)
-    ys = moe.expert_matmul(h, p_exp["down"], group_sizes, precision=prec)
+    mm = functools.partial(moe.expert_matmul, group_sizes=group_sizes, precision=cfg.moe_precision,
+                           impl=cfg.get("grouped_impl", "auto"))
+    h = jax.nn.silu(mm(xs, p_exp["gate"])) * mm(xs, p_exp["up"])
+    ys = mm(h, p_exp["down"])
     y_rows = jnp.zeros_like(ys).at[order].set(ys)
     back = _a2a(y_rows.reshape(ep, cap, D))                             # combine in the compute dtype
     y_assign = back.at[dest, slot_w].get(mode="fill", fill_value=0).astype(jnp.float32)

@@ -3,8 +3,10 @@
 docker: the task image `horizon-task:<id>` (built by envs/build_task_images.py) is used
 when it exists and its labels match the task's current files and the current base image;
 otherwise the base image `horizon-sandbox:base` is started and the files are written into
-/workspace (one tar, extracted as the sandbox user). local: a `LocalSandbox` (NOT
-isolated) with the files written in; its commands use the host's `python3`.
+/workspace (one tar, extracted as the sandbox user). An imported task whose metadata says
+`prepared_image` (a SWE-bench instance image, a built Harbor image) opens its image as is.
+local: a `LocalSandbox` (NOT isolated) with the files written in; its commands use the host's
+`python3`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import tarfile
 import time
 
 from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL, WORKSPACE, Sandbox
-from horizon.tasks.task import Task, task_hash
+from horizon.tasks.task import Task, TaskError, task_hash
 
 TASK_IMAGE_FORMAT = "1"           # bump when the Dockerfile template changes (forces rebuilds)
 LABEL_TASK_ID = PROJECT_LABEL + ".task_id"
@@ -98,6 +100,13 @@ def open_task_sandbox(task: Task, backend: str = "docker", *, base_image: str | 
     from horizon.sandbox.factory import open_sandbox  # noqa: PLC0415
 
     base_image = base_image or DEFAULT_BASE_IMAGE
+    if task.metadata.get("prepared_image"):   # imported task: the image IS the initial state
+        if backend != "docker":
+            raise TaskError(f"task {task.id!r} lives in image {task.image}: it needs the docker backend, "
+                            f"not {backend!r}")
+        sb = open_sandbox("docker", task.image, **limits)
+        _tag(sb, "image")
+        return sb
     if backend == "docker" and use_task_image and task.image is not None:
         if task_image_state(task, base_image=base_image) == "current":
             sb = open_sandbox("docker", task.image, **limits)

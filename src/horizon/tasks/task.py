@@ -8,6 +8,8 @@ and a way to score the final sandbox state:
 - reward_mode "answer":   the final answer (plus /workspace/ANSWER.txt, if written) must
   contain the expected strings in `metadata["expected"]` (question and recall tasks; see
   `horizon.tasks.verifier`).
+- reward_mode "swebench": an imported SWE-bench instance, graded per test (`horizon.tasks.swebench`);
+- reward_mode "harbor":   an imported Harbor task, graded by its tests/test.sh (`horizon.tasks.harbor`).
 
 The interface is fixed by notes/AGENT_TASK_CONTRACT.md; `validate_task` runs on
 construction so a malformed task fails loudly where it is made, not mid-rollout.
@@ -21,7 +23,7 @@ import json
 import posixpath
 import re
 
-REWARD_MODES = ("binary", "fraction", "answer")
+REWARD_MODES = ("binary", "fraction", "answer", "swebench", "harbor")   # the last two: imported task sets
 KINDS = ("bugfix", "feature", "tests", "config", "refactor", "question", "recall")
 SPLITS = ("train", "heldout")
 TASK_IMAGE_REPO = "horizon-task"          # task images are tagged horizon-task:<id>
@@ -102,7 +104,7 @@ def validate_task(task: Task) -> None:
         errors.append(f"reward_mode {task.reward_mode!r} is not one of {REWARD_MODES}")
     if not isinstance(task.test_cmd, str):
         errors.append("test_cmd must be a string")
-    elif task.reward_mode in ("binary", "fraction") and not task.test_cmd.strip():
+    elif task.reward_mode != "answer" and not task.test_cmd.strip():
         errors.append(f"test_cmd is required for reward_mode {task.reward_mode!r}")
     if task.kind not in KINDS:
         errors.append(f"kind {task.kind!r} is not one of {KINDS}")

@@ -20,6 +20,10 @@ Answer tasks (reward_mode "answer": questions, recall):
   With `metadata["answer_match"] == "exact"` the normalised final message must EQUAL one
   string of each group (ANSWER.txt ignored): listing every candidate scores 0.
 
+Imported tasks (reward_mode "swebench" / "harbor"): `horizon.tasks.swebench.grade` (per-test
+pytest report: FAIL_TO_PASS and PASS_TO_PASS all pass) / `horizon.tasks.harbor.grade` (tests/test.sh
+and its reward file), each with its own default timeout unless the caller passes another.
+
 `verify` never raises on sandbox trouble: it returns reward 0 with the error in `output`.
 """
 
@@ -30,6 +34,7 @@ import re
 import unicodedata
 
 from horizon.sandbox.base import SandboxInfraError
+from horizon.tasks import harbor, swebench
 from horizon.tasks.recall import ANSWER_PATH
 from horizon.tasks.task import Task
 
@@ -181,6 +186,11 @@ def verify(task: Task, sandbox, final_answer: str = "", timeout: float = DEFAULT
     A dead or unusable sandbox (`SandboxInfraError`) is not a score: the result carries
     `infra_error` and the caller retries the episode (issue 21: infrastructure is not the policy)."""
     try:
+        own_timeout = None if timeout == DEFAULT_VERIFY_TIMEOUT_S else timeout
+        if task.reward_mode == swebench.REWARD_MODE:
+            return swebench.grade(task, sandbox, own_timeout or swebench.DEFAULT_GRADE_TIMEOUT_S)
+        if task.reward_mode == harbor.REWARD_MODE:
+            return harbor.grade(task, sandbox, own_timeout)
         if task.reward_mode == "answer":
             return _verify_answer(task, sandbox, final_answer, check_edits, timeout)
         return _verify_tests(task, sandbox, timeout)

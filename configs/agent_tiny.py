@@ -15,14 +15,24 @@ def agent_config() -> ml_collections.ConfigDict:
     a.max_total_tokens = 200_000      # budget on model-generated tokens over the whole chain
     a.max_context_tokens = 16_384     # hard context limit (model max length); "context_full" past it
     a.max_new_tokens = 1024           # per ordinary assistant turn
-    a.context_strategy = "self_summary"  # "self_summary" | "prompt_compaction" | "sliding_window" | "none"
+    a.context_strategy = "self_summary"  # horizon.agent.summarize.STRATEGIES: "self_summary" | "prompt_compaction" |
+    #                                   "sliding_window" | "observation_masking" | "summarizing_condenser" | "none"
     a.trigger_tokens = 8192           # compaction trigger on the current context length (SPEC §6 step 1)
     a.summary_max_tokens = 1024       # self-summary generation limit (scratch thinking + summary)
     a.compaction_max_tokens = 4096    # prompt_compaction baseline's (longer) summary limit
     a.sliding_window_keep_fraction = 0.75  # sliding_window drops oldest turns to below this * trigger
+    a.observation_masking_keep_recent = 1  # observation_masking: tool outputs kept verbatim, most recent first
+    #                                   (Lindenbauer et al. 2025 keep a window of M = 10 turns; tiny contexts hold fewer)
+    a.condenser_max_tokens = 4096     # summarizing_condenser's summary limit (its prompt is as long as compaction's)
+    a.condenser_keep_first = 0        # summarizing_condenser: events kept verbatim after system + task (OpenHands
+    #                                   SDK keep_first=4 counts the system prompt and task among its events)
+    a.condenser_keep_recent_fraction = 0.5  # summarizing_condenser: recent turns kept verbatim while the new context
+    #                                   (head + summary + them) stays within this * trigger (OpenHands: max_size // 2 events)
     # strategy texts ("" = horizon.agent.summarize defaults, sized for real models; small envs shorten them)
     a.summary_query = ""              # self_summary's short query
     a.compaction_prompt = ""          # prompt_compaction's long, sectioned query
+    a.condenser_prompt = ""           # summarizing_condenser's query (OpenHands-style state sections)
+    a.observation_placeholder = ""    # observation_masking's stand-in for an old tool output ({lines} field)
     a.summary_header = ""             # prefix of the summary message in the new context
     a.state_template = ""             # conversation-state message: {summaries} {turns} {max_turns} {todos}
     a.tool_timeout_s = 30.0           # default run_shell / helper-command timeout

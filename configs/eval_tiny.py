@@ -50,5 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = rl.model
     c.mesh = rl.mesh                                 # sampling runs sharded over it (SPEC §2)
     c.agent = rl.agent
+    c.rl = ml_collections.ConfigDict(dict(sampler=rl.rl.sampler))   # the RL run's sampler: the rollout engine
+    #                                                 (rl.sampler.engine); temperature / top_p come from `eval`
     c.eval = eval_section(rl.exp)
     return c

@@ -113,6 +113,9 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         # --- rollout engine (horizon.rl.rollout.engine: continuous batching, KV reuse across turns,
         #     shared prefixes; `EnginePolicy`). Cache budget = engine_slots x engine_max_len positions;
         #     past it requests queue (FIFO) and idle episode caches are swapped out, then dropped
+        engine=True,              # the RL loops, async workers and evals sample through the engine
+        #                           (`engine.rollout_policy`); False = lockstep `generate`. A multi-device
+        #                           mesh always uses `generate` (its sharded placement)
         engine_slots=32,          # decode slots (rows of the latent cache)
         engine_max_len=0,         # positions per slot; 0 = model.max_seq_len
         engine_prefill_chunk=64,  # max prefill tokens per row per call (long prompts: several chunks; 64 beat 128

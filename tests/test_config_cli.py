@@ -43,7 +43,7 @@ def _set_call_policy(tok):
     def policy(contexts, max_new_tokens):
         return [Generation(toks[:max_new_tokens], np.full(min(len(toks), max_new_tokens), -1.0, np.float32))
                 for _ in contexts]
-    policy.state = {"switches": 0, "tokens": 0}      # what `sampler.make_policy` counts
+    policy.state = {"switches": 0, "tokens": 0, "gen_s": 0.0}      # what `engine.rollout_policy`'s policies count
     return policy
 
 
@@ -54,7 +54,7 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     from horizon.model import transformer
     from horizon.env import rollouts as env_rollouts
     from horizon.rl.maths import trainer
-    from horizon.rl.rollout import sampler
+    from horizon.rl.rollout import engine
     from horizon.rl.runtime import loop
 
     drv = _driver("rl")
@@ -74,7 +74,7 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     monkeypatch.setattr(loop, "config_edit_warm_start", lambda c, f, t, o, log, k: transformer.init(k, c.model))
     monkeypatch.setattr(drv, "sft_check", lambda *a: dict(greedy_wellformed=1.0, sampled_wellformed=1.0,
                                                           greedy_correct=0.0, sampled_correct=0.0, greedy_example=""))
-    monkeypatch.setattr(sampler, "make_policy", lambda *a, **k: _set_call_policy(tok))
+    monkeypatch.setattr(engine, "rollout_policy", lambda *a, **k: _set_call_policy(tok))
     monkeypatch.setattr(trainer, "train_step", train_step)
     monkeypatch.setattr(env_rollouts, "rollout_batch", rollout)
     drv.main(["--config=configs/rl_tiny.py", f"--config.exp.out_dir={tmp_path / 'run'}", *LOCAL, *extra])
@@ -171,6 +171,13 @@ def _containers():
     ("rl_async", ["--config=configs/rl_async.py", "--config.mesh.packing=kk"], r"mesh\.packing='kk'"),
     ("eval", ["--config.mesh.preset=tp8"], r"mesh\.preset='tp8': must be '' or one of"),
     ("rl", ["stray"], r"unexpected argument 'stray'"),
+    ("rl", ["--config.rl.sampler.engine_slots=0"], r"rl\.sampler\.engine_slots=0: must be in \[1, inf\]"),
+    ("rl", ["--config.rl.sampler.engine_max_len=100"],
+     r"rl\.sampler\.engine_max_len=100: a slot \(100 positions\) must hold agent\.max_context_tokens=240"),
+    ("rl_async", ["--config=configs/rl_async.py", "--config.rl.sampler.engine_refill_slots=99"],
+     r"rl\.sampler\.engine_refill_slots=99: must be <= rl\.sampler\.engine_slots=32"),
+    ("eval", ["--config.rl.sampler.engine_stop_slots=1"],
+     r"rl\.sampler\.engine_stop_slots=1: must hold the tokenizer's 2"),
 ])
 def test_each_driver_refuses_bad_values_in_one_line(capsys, driver, argv, message):
     """In-process: every driver's `load_config` exits 2 with one line naming the field."""

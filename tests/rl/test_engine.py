@@ -251,3 +251,94 @@ def test_agent_episodes_advance_independently_on_the_engine(setup):
     for t in trajs:
         for s in t.segments:
             assert s.router_indices.shape[1] == len(s.tokens) and (s.policy_versions[s.loss_mask] == 0).all()
+
+
+def test_episode_samples_do_not_depend_on_scheduling(setup):
+    """Episode e's turn t draws with ``fold_in(fold_in(stream key, e), t)``: two turns of episode 3
+    sample the same tokens run alone as among 6 episodes on 4 slots (queueing, evictions, other
+    episodes' turns admitted between its own)."""
+    mcfg, params, _ = setup
+    ctxs = _prompts(6, 20, 40, seed=9)
+    obs = _prompts(1, 8, 9, seed=10)[0]
+
+    def two_turns(episodes):
+        pol = E.EnginePolicy(sampler.ParamsHolder(params), mcfg, jax.random.key(7), engine=EC, stop_tokens=())
+        st = pol.stream()
+        for e in episodes:
+            st.submit(e, ctxs[e], 6)
+        first, out = {}, {}
+        while st.busy:
+            for e, g in st.advance():
+                if e in first:
+                    out[e] = g.tokens
+                    continue
+                first[e] = g.tokens
+                st.submit(e, np.concatenate([ctxs[e], g.tokens, obs]), 6)
+        return first, out, pol
+
+    first_all, second_all, pol = two_turns(range(6))
+    first_one, second_one, _ = two_turns([3])
+    assert pol.engine.stats["evictions"] >= 1 and pol.state["gen_s"] > 0
+    np.testing.assert_array_equal(first_all[3], first_one[3])
+    np.testing.assert_array_equal(second_all[3], second_one[3])
+
+
+def test_rollout_policy_is_the_engine_unless_switched_off_or_sharded():
+    """The one switch (`rl.sampler.engine`): on = `EnginePolicy` (also for the eval config, which carries
+    the run's sampler section); off, a multi-device mesh, or no sampler section = lockstep `make_policy`."""
+    from horizon.rl.rollout.sampler import ParamsHolder
+
+    c = load_config_file(ROOT / "configs" / "rl_tiny.py")
+    holder = ParamsHolder({})
+    assert E.uses_engine(c) and E.uses_engine(load_config_file(ROOT / "configs" / "eval_tiny.py"))
+    c.rl.sampler.engine = False
+    assert not E.uses_engine(c) and not isinstance(E.rollout_policy(holder, c, jax.random.key(0)), E.EnginePolicy)
+    c.rl.sampler.engine = True
+    c.mesh.preset = "dp8"
+    assert not E.uses_engine(c)
+    assert not E.uses_engine(ml_collections.ConfigDict(dict(model=c.model)))
+
+
+def test_eval_harness_drives_the_engine_stream_and_stamps_latency():
+    """`run_eval` keeps a stream policy's independent schedule (the clock wraps the stream): per-episode
+    latency stamped at engine round-trips, generation seconds summed."""
+    from horizon.agent import Generation
+    from horizon.eval.harness import _DoneClock
+
+    class Stream:
+        def __init__(self):
+            self.q, self.released = [], []
+
+        def submit(self, e, ctx, n):
+            self.q.append(e)
+
+        def advance(self):
+            out, self.q = [(e, Generation(np.zeros(1, np.int32), np.zeros(1, np.float32))) for e in self.q], []
+            return out
+
+        def release(self, e):
+            self.released.append(e)
+
+        @property
+        def busy(self):
+            return bool(self.q)
+
+    class Pol:
+        def __call__(self, contexts, n):
+            raise AssertionError("a stream policy is not called in lockstep")
+
+        def stream(self):
+            return Stream()
+
+    class Ep:
+        done = False
+
+    eps = [Ep(), Ep()]
+    clock = _DoneClock(Pol(), eps)
+    st = clock.stream()
+    st.submit(0, None, 1)
+    eps[1].done = True
+    assert st.busy and len(st.advance()) == 1 and not st.busy
+    st.release(0)
+    assert 1 in clock.done_at and 0 not in clock.done_at and clock.gen_s >= 0 and st.inner.released == [0]
+    assert not callable(getattr(_DoneClock(lambda c, n: [], eps), "stream", None))

@@ -61,9 +61,11 @@ def test_rl_driver_end_to_end(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.timeout(3600)   # five strategies' RL compiles: > 900 s on 2 shared cores (docs/PERF.md, issue 25)
 def test_selfsum_driver_end_to_end(tmp_path):
-    """experiments/selfsum.py at toy size: demos of the three strategies, one SFT, RL per strategy from
-    the same params (train_step donates its state: the second run must not see deleted buffers), table."""
+    """experiments/selfsum.py at toy size: equal-share demos of every strategy, one SFT, RL per strategy from
+    the same params (train_step donates its state: the second run must not see deleted buffers), the
+    per-episode eval, the table with CIs and paired differences."""
     from horizon.sandbox import docker_available
 
     if not docker_available():
@@ -76,16 +78,18 @@ def test_selfsum_driver_end_to_end(tmp_path):
     argv += [f"--config.{s}" for s in ("exp.steps=1", "rl.optim.warmup_steps=0", "exp.sft.steps=2",
                                        "exp.sft.clean_steps=2", "exp.sft.optim.warmup_steps=1", "exp.sft.log_every=1",
                                        "exp.n_sft_tasks=8", "exp.eval.n_tasks=4", "exp.check_tasks=2",
-                                       "exp.sft.batch_size=4", "exp.sft.clean_batch_size=4", "exp.pool_size=32")]
+                                       "exp.sft.batch_size=4", "exp.sft.clean_batch_size=4", "exp.pool_size=32",
+                                       "exp.seeds=(0,)", "exp.sft.probe_every=0")]
     res = mod.main(argv)
-    assert set(res["results"]) == {"self_summary", "prompt_compaction", "sliding_window"}
-    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    strategies = ("self_summary", "prompt_compaction", "summarizing_condenser", "observation_masking", "sliding_window")
+    assert set(res["rows"]) == set(strategies)
+    recs = [json.loads(x) for x in (out / "seed0" / "metrics.jsonl").read_text().splitlines()]
     assert {r["phase"] for r in recs} >= {"sft_clean", "sft", "key_copy_check"}   # both SFT stages, then the gate
     chk = next(r for r in recs if r["phase"] == "key_copy_check")
-    assert {"self_summary_summary_key_acc", "self_summary_final_key_acc",
-            "prompt_compaction_summary_key_acc"} <= set(chk)
+    assert {"self_summary_summary_key_acc", "self_summary_final_key_acc", "prompt_compaction_summary_key_acc",
+            "summarizing_condenser_summary_key_acc", "observation_masking_note_key_acc"} <= set(chk)
     assert not any(k.startswith("sliding_window_summary") for k in chk)          # the window writes no summary
-    assert "gap_at_least_30_points" in res["checks"] and "self_summary_fewer_summary_tokens" in res["checks"]
     md = (out / "selfsum.md").read_text()
-    assert sum(x.startswith("| ") for x in md.splitlines()) == 4       # header + one row per strategy
+    assert sum(x.startswith("| ") for x in md.splitlines()) == 6       # header + one row per strategy
+    assert "compaction-caused errors: self-summary" in md and "wall time" in md
     assert (out / "selfsum.png").stat().st_size > 1000

@@ -4,11 +4,13 @@ from horizon.agent.prompt import Message, Rendered, render, split_turns, system_
 from horizon.agent.rollout import (STATS_KEYS, Episode, Generation, Segment, Trajectory, episode_step_limit, rollout,
                                    run_episodes, validate_agent_config)
 from horizon.agent.scripted import RecallScriptedPolicy, ScriptedPolicy, script_from_task
-from horizon.agent.summarize import (COMPACTION_PROMPT, SUMMARY_QUERY, ContextState, ContextStrategy,
-                                     PromptCompaction, SelfSummary, SlidingWindow, make_strategy)
+from horizon.agent.summarize import (COMPACTION_PROMPT, CONDENSER_PROMPT, STRATEGIES, SUMMARY_QUERY, ContextState,
+                                     ContextStrategy, ObservationMasking, PromptCompaction, SelfSummary, SlidingWindow,
+                                     SummarizingCondenser, make_strategy)
 
 __all__ = ["Message", "Rendered", "render", "split_turns", "system_prompt", "STATS_KEYS", "Episode",
            "Generation", "Segment", "Trajectory", "episode_step_limit", "rollout", "run_episodes",
            "validate_agent_config",
            "RecallScriptedPolicy", "ScriptedPolicy", "script_from_task", "COMPACTION_PROMPT", "SUMMARY_QUERY",
-           "ContextState", "ContextStrategy", "PromptCompaction", "SelfSummary", "SlidingWindow", "make_strategy"]
+           "ContextState", "ContextStrategy", "PromptCompaction", "SelfSummary", "SlidingWindow", "make_strategy",
+           "CONDENSER_PROMPT", "STRATEGIES", "ObservationMasking", "SummarizingCondenser"]

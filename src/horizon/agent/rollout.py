@@ -33,14 +33,13 @@ import numpy as np
 from jaxtyping import Bool, Float, Int
 
 from horizon.agent.prompt import Message, render, system_prompt, task_text
-from horizon.agent.summarize import ContextState, make_strategy
+from horizon.agent.summarize import STRATEGIES, ContextState, make_strategy, validate_strategy_options
 from horizon.tools.format import FORMATS, ParseError, tool_format
 from horizon.rl.maths.rewards import STATS_KEYS
 from horizon.sandbox.base import SandboxInfraError, SandboxResourceError
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
 from horizon.utils.config import need, need_choice, need_float, need_int
 
-STRATEGIES = ("self_summary", "prompt_compaction", "sliding_window", "none")
 INFRA_END = "infra"          # the one end reason that is not the policy's (module docstring)
 RESOURCE_END = "resource"
 
@@ -118,6 +117,7 @@ def validate_agent_config(cfg, prefix: str = "agent", strategies: Sequence[str] 
         ["compaction_max_tokens"] if "prompt_compaction" in used else [])
     for k in budgets:
         need(int(cfg[k]) < ctx, f"{prefix}.{k}", cfg[k], f"must be below {prefix}.max_context_tokens={ctx}")
+    validate_strategy_options(cfg, prefix, used)
     need_float(cfg, "sliding_window_keep_fraction", prefix, 0.0, 1.0, lo_open=True)
     need_float(cfg, "tool_timeout_s", prefix, 0.0, lo_open=True)
     need_float(cfg, "max_tool_timeout_s", prefix, float(cfg.tool_timeout_s))
@@ -323,7 +323,8 @@ class Episode:
         state = ContextState(self.messages, self.stats["summaries"], self.stats["turns"],
                              int(self.cfg.max_turns), self.tool_state.remaining_todos())
         new = self.strategy.compact(state, None, self._measure)
-        if len(new) < len(self.messages):   # something dropped: the old context becomes a segment
+        if len(new) != len(self.messages) or any(a is not b for a, b in zip(new, self.messages)):
+            # something dropped or rewritten (e.g. masked): the old context becomes a segment
             self._close_segment()
             self.messages = new
 
@@ -350,12 +351,14 @@ def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int 
 
     * **lockstep** (a batched ``policy(contexts, max_new)``): each round, one policy call per
       distinct generation limit over every active episode, then all tool calls (in
-      `num_tool_workers` threads); the slowest episode gates the round.
+      `num_tool_workers` threads); the slowest episode gates the round. What `sampler.make_policy`
+      (a run on a multi-device mesh, or `rl.sampler.engine=False`) and scripted policies get.
     * **independent** (a policy with ``stream()``, `horizon.rl.rollout.engine.EnginePolicy`): every
       episode's turn is submitted as soon as its previous tool call returned; the stream's
       ``advance()`` (one engine round-trip) hands back finished generations, whose tool calls run at
       once in a bounded pool of `num_tool_workers` threads while the engine decodes the others;
-      a finished episode's cache is released (`_run_independent`).
+      a finished episode's cache is released (`_run_independent`). What every RL and eval caller
+      gets by default (`horizon.rl.rollout.engine.rollout_policy`).
     """
     if max_steps is None:
         max_steps = max((episode_step_limit(e.cfg) for e in episodes), default=0)

@@ -49,88 +49,137 @@ def config_edit_demos(tasks, tok, rng: np.random.Generator, *, corrupt_prob: flo
 
 
 def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrupt_prob: float, seed: int,
-                     key_alphabet: str, map_fn=map) -> list[tuple[np.ndarray, np.ndarray]]:
+                     key_alphabet: str, map_fn=map, correct_finals_only: bool = False
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Demonstration chains of `KeyRecallDemoPolicy` through the real agent loop, one
     segment per row. `sandboxes` (any backend; commands are the env's own `cat`s) are reused
-    in chunks; `map_fn` may run resets in threads."""
-    policy = KeyRecallDemoPolicy(tok, corrupt_prob, seed, key_alphabet)
+    in chunks; `map_fn` may run resets in threads. Under observation masking the demonstrator
+    notes each key in its own next turn (`notes`: the memory masking keeps). With
+    `correct_finals_only` a chain's final answer is trained on only when it is right (a sliding
+    window's answer is a guess: its reads are still its own correct demonstration)."""
+    policy = KeyRecallDemoPolicy(tok, corrupt_prob, seed, key_alphabet,
+                                 notes=agent_cfg.context_strategy == "observation_masking")
     rows = []
     n = len(sandboxes)
     for i in range(0, len(tasks), n):
         chunk = tasks[i:i + n]
         list(map_fn(family.reset, sandboxes[:len(chunk)], chunk))
         eps = [make_episode(family, t, sb, tok, agent_cfg) for t, sb in zip(chunk, sandboxes)]
-        for tr in run_episodes(policy, eps):
+        for t, tr in zip(chunk, run_episodes(policy, eps)):
             if tr.infra:        # a sandbox failure cut the chain short: not a demonstration (issue 21)
                 print(f"[demos] {tr.task_id}: sandbox failed ({tr.failure[:120]}); chain dropped", flush=True)
                 continue
-            rows += [(s.tokens, s.loss_mask) for s in tr.segments if s.loss_mask.any()]
+            segs = [(s.tokens, s.loss_mask) for s in tr.segments if s.loss_mask.any()]
+            if correct_finals_only and tr.end_reason == "final" and tr.final_answer != t.final_answer and segs:
+                segs[-1] = (segs[-1][0], mask_final_turn(segs[-1][0], segs[-1][1]))
+            rows += [r for r in segs if r[1].any()]
     return rows
 
 
-def _text_of(context, tok) -> tuple[str, str]:
-    """(whole context text, last non-assistant message text)."""
+def mask_final_turn(tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """`loss_mask` without its last generated span (the final answer turn of a chain's last segment)."""
+    m = np.asarray(loss_mask, bool).copy()
+    idx = np.nonzero(m)[0]
+    if len(idx):
+        end = idx[-1]
+        start = end
+        while start > 0 and m[start - 1]:
+            start -= 1
+        m[start:end + 1] = False
+    return m
+
+
+def _turns_of(context, tok) -> tuple[str, str, str]:
+    """(whole context text, last non-assistant message text, the assistant turns' text)."""
     turns = split_turns(context, tok)
     last = next((t for r, t in reversed(turns) if r != "assistant"), "")
-    return "\n".join(t for _, t in turns), last
+    return "\n".join(t for _, t in turns), last, "\n".join(t for r, t in turns if r == "assistant")
+
+
+def ordered_keys(text: str) -> list[str]:
+    """The keys ("key #Q") in `text`, each once, in order of first appearance."""
+    return list(dict.fromkeys(key_recall.KEY_RE.findall(text)))
 
 
 @dataclasses.dataclass
 class KeyRecallDemoPolicy:
-    """Scripted demonstrator of the key-recall family that acts from the context only, the way a
-    model would: the key from the key.txt observation or a previous summary, progress from the
-    last `read` call or the summary. With probability `corrupt_prob` a summary writes a wrong key
-    (a decoy seen in the context if any, else another letter); the final answer copies whatever
-    key the context holds, so a lossy summary costs the chain its reward: the signal RL through
-    summaries learns from (SPEC §6: the final reward applies to every token of the chain).
-
-    `corrupt_prob`: probability that a summary writes a wrong key (a decoy seen in the
-    context if any, else a random key). Deterministic: the draw is a hash of (seed, context)."""
+    """Scripted demonstrator of the key-recall families that acts from the context only, the way a
+    model would: the keys from the observations, a previous summary or its own notes, progress
+    from the last `read` call or the summary. Every memory it writes carries the keys in the place
+    meant for values: a self-summary ("key #Q, last 2.log"), prompt compaction's "facts" section,
+    the condenser's "state" section, and under observation masking (`notes`) a ``<think>key
+    #Q</think>`` note in its own turn after the key's observation (the model's turns are what
+    masking keeps). With probability `corrupt_prob` a memory writes one wrong key (a decoy seen in
+    the context if any, else another letter); the final answer copies the keys the context holds,
+    in order, so a lossy memory costs the chain its reward: the signal RL through summaries learns
+    from (SPEC §6: the final reward applies to every token of the chain). Deterministic: the draw
+    is a hash of (seed, context)."""
 
     tok: object
     corrupt_prob: float = 0.0
     seed: int = 0
     key_alphabet: str = key_recall.KEY_ALPHABET
+    notes: bool = False
 
     def _rng(self, text: str) -> random.Random:
         return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
 
-    def _key(self, text: str, rng: random.Random) -> str:
-        keys = key_recall.KEY_RE.findall(text)
-        return keys[-1] if keys else rng.choice(self.key_alphabet)   # not in context: a guess
+    def _keys(self, text: str, rng: random.Random) -> list[str]:
+        return ordered_keys(text) or [rng.choice(self.key_alphabet)]   # none in context: a guess
 
     def _last_log(self, text: str) -> int:
         reads = [int(x) for x in key_recall.READ_RE.findall(text) + key_recall.LAST_RE.findall(text)]
         return max(reads) if reads else 0
 
-    def summary(self, text: str, compaction: bool) -> str:
+    def _memory_keys(self, keys: list[str], text: str, rng: random.Random) -> str:
+        """The memory text of `keys` ("key #Q, key #Z"), one of them wrong with prob. `corrupt_prob`."""
+        keys = list(keys)
+        if rng.random() < self.corrupt_prob:             # a lossy memory
+            i = rng.randrange(len(keys)) if len(keys) > 1 else 0
+            decoys = [d for d in key_recall.DECOY_RE.findall(text) if d not in keys]
+            keys[i] = rng.choice(decoys or [k for k in self.key_alphabet if k not in keys])
+        return ", ".join(f"key {key_recall.KEY_MARK}{k}" for k in keys)
+
+    def summary(self, text: str, kind: str = "self_summary") -> str:
         rng = self._rng(text)
-        key = self._key(text, rng)
-        if rng.random() < self.corrupt_prob:             # a lossy summary
-            decoys = [d for d in key_recall.DECOY_RE.findall(text) if d != key]
-            key = rng.choice(decoys or [k for k in self.key_alphabet if k != key])
+        keys = self._memory_keys(self._keys(text, rng), text, rng)
         last, n = self._last_log(text), key_recall.n_logs_of(text)
-        if not compaction:
-            return f"<summary>key {key_recall.KEY_MARK}{key}, last {last}.log</summary>"
+        if kind == "self_summary":
+            return f"<summary>{keys}, last {last}.log</summary>"
         pending = " ".join(f"{i}.log" for i in range(last + 1, n + 1)) or "none"
         done = " ".join([key_recall.KEY_FILE] + [f"{i}.log" for i in range(1, last + 1)])
+        if kind == "summarizing_condenser":
+            body = {"context": f"read key.txt, {n} logs; reply keys", "completed": done, "pending": pending,
+                    "state": f"{keys}, last {last}.log"}
+            return "<summary>" + "\n".join(f"{s}: {body[s]}" for s in key_recall.CONDENSER_SECTIONS) + "</summary>"
         nxt = f"read {last + 1}.log" if last < n else "reply key"
         body = {"request": f"read key.txt, {n} logs; reply key", "concepts": "logs, key", "files": done,
-                "errors": "none", "solving": "read logs in order", "facts": f"key {key_recall.KEY_MARK}{key}",
+                "errors": "none", "solving": "read logs in order", "facts": keys,
                 "messages": "1 task", "pending": pending, "current": f"{last}.log", "next": nxt}
         return "<summary>" + "\n".join(f"{i} {s}: {body[s]}" for i, s in
                                        enumerate(key_recall.COMPACTION_SECTIONS, 1)) + "</summary>"
 
+    def _note(self, last_msg: str, own: str, text: str) -> str | None:
+        """Under masking: a note of the keys in the last observation not yet in the own turns."""
+        new = [k for k in ordered_keys(last_msg) if f"key {key_recall.KEY_MARK}{k}" not in own]
+        if not self.notes or not new:
+            return None
+        return self._memory_keys(new, text, self._rng(text))
+
     def act(self, context) -> str:
-        text, last_msg = _text_of(context, self.tok)
-        if last_msg in (key_recall.SUMMARY_QUERY, key_recall.COMPACTION_QUERY):
-            return self.summary(text, compaction=last_msg == key_recall.COMPACTION_QUERY)
+        text, last_msg, own = _turns_of(context, self.tok)
+        queries = {key_recall.SUMMARY_QUERY: "self_summary", key_recall.COMPACTION_QUERY: "prompt_compaction",
+                   key_recall.CONDENSER_QUERY: "summarizing_condenser"}
+        if last_msg in queries:
+            return self.summary(text, queries[last_msg])
         if self._last_log(text) == 0 and not key_recall.KEY_RE.search(text):     # nothing read yet
             return render_call("read", {"path": key_recall.KEY_FILE})
         last, n = self._last_log(text), key_recall.n_logs_of(text)
+        note = self._note(last_msg, own, text)
         if last < n:
-            return render_call("read", {"path": f"{last + 1}.log"})
-        return render_final(key_recall.KEY_MARK + self._key(text, self._rng(text)))
+            return render_call("read", {"path": f"{last + 1}.log"}, thinking=note)
+        keys = ordered_keys(text + "\n" + (note or "")) or self._keys(text, self._rng(text))
+        return render_final(" ".join(key_recall.KEY_MARK + k for k in keys), thinking=note)
 
     def __call__(self, contexts, max_new_tokens: int):
         out = []

@@ -12,6 +12,10 @@ demonstrations for the SFT warm start. Two families exist:
   compacted; answer the key. Demos are `DemoPolicy` chains rolled out through the real
   agent loop (`Episode`), so every segment, summary query and state block is exactly what
   the policy will see; a fraction of summaries is lossy (`corrupt_prob`).
+- ``key_relay`` (the same module with `exp.task.n_keys` >= 2): keys arrive at different times
+  (key.txt, then logs spread over the run) and the answer is every key in order, so an episode
+  needs >= 2 summaries and a summary must carry forward what an earlier one held; the same
+  demonstrator (it writes every key the context holds).
 
 `family_from_config(c.exp)` builds one from an experiment config (`exp.env`, `exp.task`).
 """
@@ -24,7 +28,7 @@ from typing import Callable
 from horizon.tasks import key_recall, synthetic
 from horizon.tasks.task import Task
 
-FAMILIES = ("config_edit", "key_recall")
+FAMILIES = ("config_edit", "key_recall", "key_relay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +56,17 @@ def family_from_config(e) -> Family:
             return synthetic.make_synthetic_task(seed, value_range=tuple(_t.value_range), name_style=str(_t.name_style))
         return Family("config_edit", synthetic.SYSTEM_PROMPT, make, synthetic.synthetic_seeds,
                       lambda strict: synthetic.synthetic_registry(strict=strict))
-    if e.env == "key_recall":
+    if e.env in ("key_recall", "key_relay"):
+        n_keys = int(t.get("n_keys", 1))
+        if (e.env == "key_relay") != (n_keys > 1):
+            raise ValueError(f"exp.task.n_keys={n_keys}: key_relay needs >= 2 keys, key_recall exactly 1")
+
         def make(seed, _t=t):
             return key_recall.make_key_recall_task(seed, n_logs=int(_t.n_logs), log_lines=int(_t.log_lines),
-                                                   n_decoys=int(_t.n_decoys), key_alphabet=str(_t.key_alphabet))
+                                                   n_decoys=int(_t.n_decoys), key_alphabet=str(_t.key_alphabet),
+                                                   n_keys=n_keys)
         # the env's only tool reads: no edit is possible, so the eager-edit check is skipped
-        return Family("key_recall", key_recall.SYSTEM_PROMPT, make, key_recall.key_recall_seeds,
+        return Family(e.env, key_recall.SYSTEM_PROMPT, make, key_recall.key_recall_seeds,
                       key_recall.key_recall_registry, check_edits=False)
     raise ValueError(f"exp.env must be one of {FAMILIES}, got {e.env!r}")
 

@@ -1,10 +1,15 @@
-"""The self-summarization study's pieces (SPEC §6; experiments/selfsum.py): demonstration chains per
-context strategy, the stage-1 curriculum, the teacher-forced key-copy check after SFT, and the
-result table and figure."""
+"""The self-summarization study's pieces (SPEC §6; experiments/selfsum.py, issue 25): demonstration
+chains per context strategy with an equal share of trained tokens per strategy (`balance_rows`) in
+both SFT stages, the stage-1 curriculum, the teacher-forced copy checks after SFT
+(`key_copy_check`, `copy_check_lines`), the held-out evaluation that keeps per-episode records
+(`study_eval`, `episode_record`; metrics in `horizon.env.selfsum_metrics`), the per-seed run
+(`run_seed`), the quick mode (`apply_quick`), validation (`validate_study`), and the result table
+and figure."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 
@@ -13,11 +18,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from horizon.env.demos import key_recall_demos
+from horizon.agent.summarize import SUMMARIZING
+from horizon.env import selfsum_metrics as sm
+from horizon.env.demos import key_recall_demos, ordered_keys
 from horizon.env.families import family_from_config
 from horizon.model import transformer
 from horizon.tasks import key_recall
-from horizon.utils.config import deep_merge
+from horizon.utils.config import ConfigError, deep_merge, need, need_float, need_int
+
+STUDY_FAMILIES = ("key_recall", "key_relay")
 
 
 def with_strategy(c, strategy: str):
@@ -27,24 +36,25 @@ def with_strategy(c, strategy: str):
     return cs
 
 
-def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None):
+def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, per_strategy: bool = False,
+              correct_finals_only: bool = False):
     """Demo segments for each of `strategies` on `tasks` (default: train seeds [0, n_sft_tasks),
-    the same tasks for each strategy)."""
+    the same tasks for each strategy): one list, or {strategy: rows} with `per_strategy`."""
     from horizon.sandbox import open_sandbox
 
     tasks = family.tasks("train", int(c.exp.n_sft_tasks)) if tasks is None else tasks
     boxes = [open_sandbox(c.exp.demo_backend, c.exp.sandbox_image if c.exp.demo_backend == "docker" else None)
              for _ in range(int(c.exp.demo_sandboxes))]
     try:
-        rows = []
+        rows = {}
         for s in strategies:
             t0 = time.time()
-            got = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
-                                   seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet))
-            print(f"demos {s} (lossy summaries {corrupt_prob:.2f}): {len(tasks)} chains -> {len(got)} segments "
-                  f"({time.time() - t0:.0f}s)", flush=True)
-            rows += got
-        return rows
+            rows[s] = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
+                                       seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet),
+                                       correct_finals_only=correct_finals_only)
+            print(f"demos {s} (lossy memories {corrupt_prob:.2f}): {len(tasks)} chains -> {len(rows[s])} segments, "
+                  f"{sum(int(m.sum()) for _, m in rows[s])} trained tokens ({time.time() - t0:.0f}s)", flush=True)
+        return rows if per_strategy else [r for s in strategies for r in rows[s]]
     finally:
         for b in boxes:
             b.close()
@@ -73,15 +83,37 @@ def stage1_configs(c) -> list:
     return out
 
 
+def balance_rows(rows_by_strategy: dict) -> list:
+    """Equal treatment (issue 25): every strategy the same number of trained (loss-mask) tokens —
+    each strategy's rows, in order, up to the smallest strategy's total (the row that crosses it is
+    kept), so a strategy with longer chains gets fewer chains, not more gradient."""
+    tokens = {s: sum(int(np.asarray(m).sum()) for _, m in rows) for s, rows in rows_by_strategy.items()}
+    budget = min(tokens.values()) if tokens else 0
+    out = []
+    for rows in rows_by_strategy.values():
+        got = 0
+        for r in rows:
+            if got >= budget:
+                break
+            out.append(r)
+            got += int(np.asarray(r[1]).sum())
+    return out
+
+
 def warm_start_demos(family, c, tok):
-    """`loop.two_stage_sft`'s demos: stage 1 clean chains of `exp.sft.clean_strategies` on each
-    of the stage-1 task sizes (`stage1_configs`), stage 2 all of `exp.strategies` on the
-    experiment's tasks with `exp.sft.corrupt_prob` lossy summaries."""
+    """`loop.two_stage_sft`'s demos, every one of `exp.strategies` with an equal share of trained
+    tokens (`balance_rows`) in both stages: stage 1 its own correct chains (finals trained on only
+    when right: a sliding window's guess is not a demonstration) on each of the stage-1 task sizes
+    (`stage1_configs`), stage 2 on the experiment's tasks with the same `exp.sft.corrupt_prob` share
+    of lossy memories for every strategy."""
+    strategies = tuple(c.exp.strategies)
+
     def demos(clean: bool):
         if clean:
-            return [r for cs in stage1_configs(c) for r in
-                    demo_rows(family_from_config(cs.exp), cs, tok, tuple(c.exp.sft.clean_strategies), 0.0)]
-        return demo_rows(family, c, tok, tuple(c.exp.strategies), float(c.exp.sft.corrupt_prob))
+            return [r for cs in stage1_configs(c) for r in balance_rows(
+                demo_rows(family_from_config(cs.exp), cs, tok, strategies, 0.0, per_strategy=True,
+                          correct_finals_only=True))]
+        return balance_rows(demo_rows(family, c, tok, strategies, float(c.exp.sft.corrupt_prob), per_strategy=True))
     return demos
 
 
@@ -90,84 +122,243 @@ def _logits(params, tokens, *, cfg):
     return transformer.forward(params, tokens, cfg=cfg)[0]
 
 
+def memory_kind(before: str) -> str:
+    """Where a generated position sits, from the chain text `before` it: inside a ``<summary>``
+    ("summary"), inside a ``<think>`` note ("note": observation masking's memory), else "final"."""
+    for kind, (o, c) in (("summary", ("<summary>", "</summary>")), ("note", ("<think>", "</think>"))):
+        if before.rfind(o) > before.rfind(c):
+            return kind
+    return "final"
+
+
 def key_copy_check(params, family, c, tok) -> dict:
     """The SFT gate, without sampling or sandboxes: on clean demo chains of `exp.check_tasks`
-    held-out tasks, the teacher-forced accuracy of the key's letter where the demonstrator writes
-    them — in a summary (copied from key.txt's observation) and in the final answer (copied from
-    the summary or the observation). Chance is 1/23 (~0.04); a policy that carries the key
-    through a summary needs both near 1. Sliding-window finals are guesses and not scored."""
+    held-out tasks, per strategy, the teacher-forced accuracy of each key's letter where the
+    demonstrator writes it — in a summary or a masking note (`memory_kind`: copied from the key's
+    observation or an earlier summary) and in the final answer (copied from the memory or the
+    observation). Keys `{strategy}_{summary|note|final}_key_acc`. Chance is 1/23 (~0.04); a policy
+    that carries the keys through its memory needs both near 1. A segment that holds no key (a
+    sliding window's last: its answer is a guess) is not scored."""
     tasks = family.tasks("heldout", int(c.exp.check_tasks))
     model_cfg = ml_collections.FrozenConfigDict(c.model)             # hashable: one compile per shape per run
     out = {}
     for s in c.exp.strategies:
-        hits = {"summary": [], "final": []}
+        hits = {"summary": [], "note": [], "final": []}
         for tokens, mask in demo_rows(family, c, tok, (s,), 0.0, tasks=tasks):
-            text = tok.decode(tokens)
-            m = key_recall.KEY_RE.search(text)
-            if m is None:                                 # the window dropped the key: the answer is a guess
+            keys = ordered_keys(tok.decode(tokens))
+            if not keys:                                  # the window dropped the keys: the answer is a guess
                 continue
-            pat = tok.encode(key_recall.KEY_MARK + m.group(1))
             n = len(tokens)
             padded = np.pad(np.asarray(tokens, np.int32), (0, -n % 128))[None]     # few shapes: few compiles
             pred = np.asarray(jnp.argmax(_logits(params, jnp.asarray(padded), cfg=model_cfg), -1))[0]
-            for i in range(n - len(pat) + 1):
-                if mask[i] and all(tokens[i + j] == pat[j] for j in range(len(pat))):
-                    before = tok.decode(tokens[:i])
-                    kind = "summary" if before.rfind("<summary>") > before.rfind("</summary>") else "final"
-                    hits[kind] += [bool(pred[i + j - 1] == tokens[i + j]) for j in range(1, len(pat))]
+            for key in keys:
+                pat = tok.encode(key_recall.KEY_MARK + key)
+                for i in range(n - len(pat) + 1):
+                    if mask[i] and all(tokens[i + j] == pat[j] for j in range(len(pat))):
+                        kind = memory_kind(tok.decode(tokens[:i]))
+                        hits[kind] += [bool(pred[i + j - 1] == tokens[i + j]) for j in range(1, len(pat))]
         for kind, h in hits.items():
             if h:
                 out[f"{s}_{kind}_key_acc"] = float(np.mean(h))
     return out
 
 
+def copy_check_lines(chk: dict, strategies, threshold: float) -> list[str]:
+    """The post-SFT copy checks as printed lines, one per strategy: key-in-memory (summary, or
+    masking's note) and answer-copy accuracy ("n/a" where the strategy writes none), and whether a
+    summarizing strategy's key-in-summary reaches `threshold` (issue 25's must-show)."""
+    lines = []
+    for s in strategies:
+        mem = chk.get(f"{s}_summary_key_acc", chk.get(f"{s}_note_key_acc"))
+        ans = chk.get(f"{s}_final_key_acc")
+        f = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+        gate = "" if s not in SUMMARIZING else (" ok" if mem is not None and mem >= threshold
+                                                 else f" BELOW {threshold:.2f}")
+        lines.append(f"{s}: key in memory {f(mem)}{gate}, answer copy {f(ans)}")
+    return lines
+
+
 def copy_probe(family, c, tok):
     """The SFT probe (`loop.two_stage_sft`'s `probe`, every `exp.sft.probe_every` steps):
-    `key_copy_check` of the stage-1 strategies on `exp.sft.probe_tasks` held-out chains of the
-    experiment's own tasks, so the log shows when the copy forms (docs/PERF.md)."""
+    `key_copy_check` of every strategy on `exp.sft.probe_tasks` held-out chains of the
+    experiment's own tasks, so the log shows when each copy forms (docs/PERF.md)."""
     cs = copy.deepcopy(c)
     cs.exp.check_tasks = int(c.exp.sft.get("probe_tasks", c.exp.check_tasks))
-    cs.exp.strategies = tuple(c.exp.sft.clean_strategies)
     return lambda params: key_copy_check(params, family, cs, tok)
 
 
-def table(results: dict, passes: int) -> str:
-    """The markdown table of the study: held-out success before/after RL and the summary costs per strategy."""
-    head = ("| strategy | success, SFT policy | success, after RL | best-of-" + str(passes) +
-            " after RL | generated tokens per solved task | summaries per episode | tokens per summary |\n"
-            "|---|---|---|---|---|---|---|\n")
+# ----------------------------------------------------------------------------- held-out eval, per episode
+def episode_record(ep, solved: bool, strategy: str, seed: int, tok) -> dict:
+    """`selfsum_metrics`' record of one finished `Episode` (module docstring there): the memory of
+    a summarizing strategy is its last summary's text; of the others, the final context without the
+    answer turn. Needed facts: the task's `metadata["facts"]` that the chain held before its last
+    segment."""
+    facts = list(ep.task.metadata.get("facts", ()))
+    before = "".join(tok.decode(seg.tokens) for seg in ep.segments[:-1])
+    msgs = ep.messages[:-1] if ep.end_reason == "final" else ep.messages
+    if strategy in SUMMARIZING:
+        memory = next((m.text for m in reversed(ep.messages) if m.kind == "summary"), "")
+    else:
+        memory = "\n".join(tok.decode(m.tokens) if m.tokens is not None else m.text for m in msgs)
+    gen = int(ep.generated_tokens)
+    return dict(strategy=strategy, seed=int(seed), task_id=str(ep.task.id), solved=bool(solved),
+                end_reason=ep.end_reason, generated_tokens=gen, summaries=int(ep.stats["summaries"]),
+                summary_tokens=int(ep.stats["summary_tokens"]), rewrites=len(ep.segments) - 1,
+                prefill_tokens=sm.prefill_tokens([seg.tokens for seg in ep.segments], gen),
+                compaction_error=sm.compaction_error(solved, [f for f in facts if f in before], memory))
 
-    def f(x, fmt="{:.3f}"):
-        return "n/a" if x is None else fmt.format(x)
 
-    rows = []
-    for s, r in results.items():
-        a, b = r["start"], r["end"]
-        rows.append(f"| {s} | {f(a['heldout_mean'])} ± {f(a['heldout_std'])} | {f(b['heldout_mean'])} ± "
-                    f"{f(b['heldout_std'])} | {f(b['heldout_best_of_k'])} | {f(b['eval_tokens_per_solved'], '{:.0f}')} "
-                    f"| {f(b['eval_summaries'], '{:.2f}')} | {f(b['eval_tokens_per_summary'], '{:.0f}')} |")
-    return head + "\n".join(rows) + "\n"
+def study_eval(policy, env, tasks, c, tok, *, strategy: str, seed: int) -> dict:
+    """`c.exp.eval.passes` passes of `policy` over `tasks` through the eval harness in `env`'s pooled
+    sandboxes (as `loop.evaluate`), keeping each episode (`episode_fn` hook) for `episode_record`:
+    `harness.pass_summary`'s numbers plus `episodes` (records in the harness's order, pass index
+    added) and `engine_prefill_tokens` (the rollout engine's own count, when the policy has one)."""
+    from horizon.eval import harness
+
+    setup = env.eval_setup(tok, int(c.exp.eval.passes))
+    made, build = [], setup.episode_fn
+    setup = dataclasses.replace(setup, episode_fn=lambda t, sb: made.append(build(t, sb)) or made[-1])
+    records = harness.run_eval(policy, tasks, setup, policy_name=strategy)
+    pool: dict = {}
+    for ep in made:
+        if ep.end_reason != "infra":
+            pool.setdefault(str(ep.task.id), []).append(ep)
+    eps = []
+    for r in records:             # the harness keeps its job order; an episode it retried is matched by task
+        ep = pool[r["task_id"]].pop(0)
+        eps.append(dict(episode_record(ep, r["solved"], strategy, seed, tok), pass_index=int(r["pass_index"])))
+    state = getattr(policy, "state", None) or {}
+    return dict(harness.pass_summary(records), episodes=eps, engine_prefill_tokens=state.get("prefill_tokens"))
 
 
-def plot(results: dict, path) -> None:
-    """selfsum.png: success per strategy (SFT policy vs after RL) and tokens per summary."""
+def study_evaluator(env, tasks, c, tok, *, strategy: str, policy_fn):
+    """`run_rl`'s eval hook for the study: `study_eval` of `policy_fn(params, step)` (the driver
+    passes `loop.evaluate`'s policy: `engine.rollout_policy` at ``fold_in(run_keys(seed)["eval"],
+    step)``; the env layer does not import the RL runtime)."""
+    return lambda params, step: study_eval(policy_fn(params, step), env, tasks, c, tok, strategy=strategy,
+                                           seed=int(c.seed))
+
+
+# ----------------------------------------------------------------------------- config: quick mode, validation
+def apply_quick(c) -> None:
+    """`exp.quick=True`: merge `exp.quick_overrides` (sections -> fields, from the config file)
+    over the config before validation (`cli.load`'s `derive`); the fields it names take its values."""
+    if bool(c.exp.get("quick", False)):
+        over = ml_collections.ConfigDict(c.exp.quick_overrides.to_dict())
+        for section, fields in over.items():
+            deep_merge(c[section], fields)
+
+
+def validate_study(c) -> None:
+    """The study's own fields (after `rl.checks.validate_experiment`): a study family, every strategy
+    known and once, self-summary among them (the paired differences' baseline), >= 1 distinct
+    non-negative seed, the report's bootstrap and copy-check settings."""
+    from horizon.agent.summarize import STRATEGIES
+
+    e = c.exp
+    need(e.env in STUDY_FAMILIES, "exp.env", e.env, f"must be one of {STUDY_FAMILIES}")
+    st = tuple(e.strategies)
+    need(len(set(st)) == len(st) and set(st) <= set(STRATEGIES), "exp.strategies", st,
+         f"each of {STRATEGIES} at most once")
+    need("self_summary" in st, "exp.strategies", st, "must include self_summary (the paired baseline)")
+    seeds = tuple(e.seeds)
+    need(len(seeds) > 0 and len(set(seeds)) == len(seeds) and all(isinstance(x, int) and x >= 0 for x in seeds),
+         "exp.seeds", seeds, "must be distinct non-negative ints, at least one")
+    r = e.report
+    need_int(r, "bootstrap_samples", "exp.report", lo=100)
+    need_float(r, "ci_level", "exp.report", 0.0, 1.0, lo_open=True)
+    need(float(r.ci_level) < 1.0, "exp.report.ci_level", r.ci_level, "must be below 1")
+    need_int(r, "bootstrap_seed", "exp.report", lo=0)
+    need_float(r, "copy_threshold", "exp.report", 0.0, 1.0)
+    if not isinstance(e.get("quick", False), bool):
+        raise ConfigError(f"exp.quick={e.quick!r}: must be True or False")
+
+
+# ----------------------------------------------------------------------------- report
+def study_rows(results: dict, r) -> dict:
+    """{strategy: `selfsum_metrics.strategy_row` of its after-RL episodes over every seed, plus
+    `sft_success` (mean over seeds of the step-0 eval)}. `results`: {seed: {strategy: {"start",
+    "end"}}} (evals with `episodes`); `r`: the `exp.report` section."""
+    strategies = list(dict.fromkeys(s for per in results.values() for s in per))
+    recs = {s: [e for per in results.values() if s in per for e in per[s]["end"]["episodes"]] for s in strategies}
+    rows = {}
+    for s in strategies:
+        rows[s] = sm.strategy_row(recs[s], baseline=None if s == "self_summary" else recs.get("self_summary"),
+                                  samples=int(r.bootstrap_samples), level=float(r.ci_level), seed=int(r.bootstrap_seed))
+        rows[s]["sft_success"] = float(np.mean([per[s]["start"]["heldout_mean"] for per in results.values() if s in per]))
+    return rows
+
+
+def _f(x, fmt="{:.3f}"):
+    return "n/a" if x is None else fmt.format(x)
+
+
+def table(rows: dict, level: float) -> str:
+    """The study's markdown table (issue 25's metrics) and its findings against self-summary."""
+    pct = f"{level:.0%}"
+    head = (f"| strategy | success, SFT policy | success after RL [{pct} CI] | paired diff vs self-summary, per seed "
+            "| compaction-caused errors (share) | tokens per summary | generated tokens per solved task "
+            "| prefill tokens per episode | summaries per episode | context rewrites per episode |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for s, x in rows.items():
+        diff = "—" if x["paired_diff"] is None else " ".join(f"{v:+.3f}" for v in x["paired_diff"].values())
+        lines.append(f"| {s} | {_f(x['sft_success'])} | {_f(x['success'])} [{_f(x['ci_lo'])}, {_f(x['ci_hi'])}] | {diff} "
+                     f"| {x['compaction_errors']} ({_f(x['compaction_error_rate'])}) | {_f(x['tokens_per_summary'], '{:.0f}')} "
+                     f"| {_f(x['gen_tokens_per_solved'], '{:.0f}')} | {_f(x['prefill_per_episode'], '{:.0f}')} "
+                     f"| {_f(x['summaries_per_episode'], '{:.2f}')} | {_f(x['rewrites_per_episode'], '{:.2f}')} |")
+    return head + "\n".join(lines) + "\n\n" + "\n".join(f"- {k}" for k in findings(rows)) + "\n"
+
+
+def findings(rows: dict) -> list[str]:
+    """The sentences the issue asks the table to say, whatever the answer: self-summary vs prompt
+    compaction in compaction-caused errors and tokens per summary, and where self-summary stands
+    against every baseline in success (CI overlap and the sign of the paired differences)."""
+    ss, out = rows.get("self_summary"), []
+    pc = rows.get("prompt_compaction")
+    if ss and pc:
+        e1, e2 = ss["compaction_errors"], pc["compaction_errors"]
+        out.append(f"compaction-caused errors: self-summary {e1} vs prompt compaction {e2} "
+                   f"({'fewer' if e1 < e2 else 'not fewer'}" + (f", {1 - e1 / e2:.0%} fewer" if e2 and e1 < e2 else "")
+                   + ")")
+        t1, t2 = ss["tokens_per_summary"], pc["tokens_per_summary"]
+        out.append(f"tokens per summary: self-summary {_f(t1, '{:.0f}')} vs prompt compaction {_f(t2, '{:.0f}')}"
+                   + (f" ({t1 / t2:.2f}x)" if t1 and t2 else ""))
+    for s, x in rows.items():
+        if ss is None or s == "self_summary":
+            continue
+        d = list(x["paired_diff"].values())
+        if x["ci_hi"] < ss["ci_lo"]:
+            verdict = "self-summary better (CIs disjoint)"
+        elif x["ci_lo"] > ss["ci_hi"]:
+            verdict = "self-summary worse (CIs disjoint)"
+        else:
+            verdict = "no separation (CIs overlap)"
+        out.append(f"success vs {s}: {verdict}; paired diff {s} - self-summary per seed "
+                   + " ".join(f"{v:+.3f}" for v in d) + f" ({sum(v < 0 for v in d)}/{len(d)} seeds favour self-summary)")
+    return out
+
+
+def plot(rows: dict, path) -> None:
+    """selfsum.png: success after RL per strategy with its CI (and the SFT policy's), and tokens per summary."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = list(results)
+    names = list(rows)
     x = np.arange(len(names))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for off, when, lab in ((-0.2, "start", "SFT policy"), (0.2, "end", "after RL")):
-        a1.bar(x + off, [results[n][when]["heldout_mean"] for n in names], 0.4,
-               yerr=[results[n][when]["heldout_std"] for n in names], capsize=3, label=lab)
-    a1.set_xticks(x, names)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
+    a1.bar(x - 0.2, [rows[n]["sft_success"] for n in names], 0.4, label="SFT policy")
+    mean = np.asarray([rows[n]["success"] for n in names])
+    err = np.asarray([[m - rows[n]["ci_lo"] for n, m in zip(names, mean)], [rows[n]["ci_hi"] - m for n, m in zip(names, mean)]])
+    a1.bar(x + 0.2, mean, 0.4, yerr=err, capsize=3, label="after RL (CI)")
+    a1.set_xticks(x, names, rotation=20, fontsize=8)
     a1.set_ylabel("held-out success")
     a1.set_ylim(0, 1.05)
     a1.legend()
     a1.set_title("key recall across compactions")
-    a2.bar(x, [results[n]["end"]["eval_tokens_per_summary"] or 0 for n in names], 0.5)
-    a2.set_xticks(x, names)
+    a2.bar(x, [rows[n]["tokens_per_summary"] or 0 for n in names], 0.5)
+    a2.set_xticks(x, names, rotation=20, fontsize=8)
     a2.set_ylabel("tokens per summary (after RL)")
     a2.set_title("summary cost")
     fig.tight_layout()

@@ -1,8 +1,9 @@
 """Eval harness: N passes of a policy over a task set in sandboxes (SPEC §7).
 
 For every (task, pass) an `Episode` runs in its own fresh sandbox; up to `max_parallel` episodes
-are driven in lockstep by `horizon.agent.run_episodes` (one batched policy call per step), their
-sandboxes are opened / verified / closed from a thread pool. Per episode we record reward, the
+are driven together by `horizon.agent.run_episodes` (independently through the rollout engine's
+stream when the policy has one, `policy_from_params`; else in lockstep, one batched policy call per
+step), their sandboxes are opened / verified / closed from a thread pool. Per episode we record reward, the
 agent's stats (STATS_KEYS), completion tokens, end-to-end latency, inference-cost estimate and
 behaviour flags; `summarize` turns the records into per-task and overall tables.
 
@@ -13,8 +14,8 @@ Metrics (per task over its n passes, then averaged over tasks with equal weight)
   the probability that at least one of k passes drawn without replacement from the n solves the
   task, i.e. an unbiased estimate of best-of-k success; pass@1 = c/n.
 - completion_tokens: model-generated tokens over the whole chain (summaries included).
-- latency_s: wall time from the start of the lockstep batch until the episode was seen done
-  (generation + tool calls, at the granularity of one lockstep step; excludes sandbox start
+- latency_s: wall time from the start of the batch until the episode was seen done
+  (generation + tool calls, at the granularity of one lockstep step or one engine round-trip; excludes sandbox start
   and verification, which are reported separately as sandbox_s / verify_s).
 - inference FLOPs ≈ 2 · active_params · tokens (a forward costs ~2 FLOPs per active weight per
   token; attention's quadratic term is ignored). `gen_flops` uses completion tokens only;
@@ -63,10 +64,13 @@ def inference_flops(active_params: int, tokens: int) -> float:
 
 # ------------------------------------------------------------------------------------ policies
 def policy_from_params(params: dict, cfg, key, **sampler_overrides) -> Policy:
-    """Batched sampling policy over an in-memory param tree (`horizon.rl.rollout.sampler.make_policy`)."""
-    from horizon.rl.rollout.sampler import ParamsHolder, make_policy
+    """Sampling policy over an in-memory param tree (`horizon.rl.rollout.engine.rollout_policy`: the
+    rollout engine when `cfg.rl.sampler.engine` is on and no mesh is configured, else lockstep
+    `sampler.make_policy`)."""
+    from horizon.rl.rollout.engine import rollout_policy
+    from horizon.rl.rollout.sampler import ParamsHolder
 
-    return make_policy(ParamsHolder(params), cfg, key, **sampler_overrides)
+    return rollout_policy(ParamsHolder(params), cfg, key, **sampler_overrides)
 
 
 def load_params(ckpt_dir: str, cfg, key=None) -> tuple[dict, dict]:
@@ -132,13 +136,18 @@ def make_episode(task, sandbox, setup: EvalSetup) -> Episode:
 
 
 class _DoneClock:
-    """Wraps a policy: at each call, stamps episodes that have finished since the last call."""
+    """Wraps a policy: at each call, stamps episodes that have finished since the last call, and
+    sums the seconds spent generating (`gen_s`). A policy with ``stream()`` (the rollout engine) keeps
+    its independent schedule in `run_episodes`: the clock wraps the stream and stamps at each of its
+    round-trips (`_ClockStream`)."""
 
     def __init__(self, policy: Policy, episodes: Sequence[Episode]):
         self.policy, self.episodes = policy, episodes
         self.t0 = time.perf_counter()
         self.done_at: dict[int, float] = {}
         self.gen_s = 0.0
+        if callable(getattr(policy, "stream", None)):
+            self.stream = lambda: _ClockStream(self, policy.stream())
 
     def stamp(self) -> None:
         now = time.perf_counter() - self.t0
@@ -152,6 +161,30 @@ class _DoneClock:
         out = self.policy(contexts, max_new_tokens)
         self.gen_s += time.perf_counter() - t
         return out
+
+
+class _ClockStream:
+    """An engine stream (`horizon.rl.rollout.engine.EngineStream`) whose round-trips stamp `clock`."""
+
+    def __init__(self, clock: _DoneClock, stream):
+        self.clock, self.inner = clock, stream
+
+    def submit(self, episode: int, context, max_new_tokens: int) -> None:
+        self.inner.submit(episode, context, max_new_tokens)
+
+    def advance(self) -> list:
+        self.clock.stamp()
+        t = time.perf_counter()
+        out = self.inner.advance()
+        self.clock.gen_s += time.perf_counter() - t
+        return out
+
+    def release(self, episode: int) -> None:
+        self.inner.release(episode)
+
+    @property
+    def busy(self) -> bool:
+        return self.inner.busy
 
 
 def _open(setup: EvalSetup, task):

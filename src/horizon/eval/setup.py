@@ -78,6 +78,10 @@ def validate_eval_config(c) -> None:
         from horizon.parallel.mesh import validate_mesh
 
         validate_mesh(c, power_of_two_ranks=True)
+    if "rl" in c and "sampler" in c.rl:              # the sampler section of the run it evaluates (the engine)
+        from horizon.rl.checks import validate_engine
+
+        validate_engine(c)
     e = c.eval
     need_choice(e, "task_source", "eval", ("synthetic", "envs"))
     need_choice(e, "backend", "eval", ("docker", "local"))

@@ -75,6 +75,7 @@ def validate_rl(c, steps: int) -> None:
     for k in ("min_batch_bucket", "min_prompt_bucket", "min_new_bucket", "chunk_tokens", "sync_tokens"):
         need_int(s, k, "rl.sampler", lo=1)
     need_choice(s, "kv_mode", "rl.sampler", KV_MODES)
+    validate_engine(c)
     n = need_int(r, "slots_per_batch", "rl", lo=0)
     need(n == 0 or int(r.prompts_per_step) % n == 0, "rl.slots_per_batch", n,
          f"must divide rl.prompts_per_step={r.prompts_per_step} (0 = all of them)")
@@ -89,6 +90,43 @@ def validate_rl(c, steps: int) -> None:
     need_int(r, "hard_prompt_start_step", "rl", lo=-1)
     need_int(r.infra, "group_retries", "rl.infra", lo=0)
     need_int(r.infra, "replacements", "rl.infra", lo=0)
+
+
+ENGINE_COUNTS = ("engine_slots", "engine_prefill_chunk", "engine_min_prefill_chunk", "engine_min_window",
+                 "engine_stop_slots", "engine_refill_slots")   # rl.sampler fields that must be >= 1
+
+
+def validate_engine(c) -> None:
+    """`rl.sampler.engine` and its `engine_*` fields (`horizon.rl.rollout.engine.engine_config`, SPEC §4):
+    sizes >= 1, a smallest prefill chunk within the largest, a refill count within the slots, a slot
+    length (`engine_max_len`, 0 = `model.max_seq_len`) within the model's that holds a whole agent context
+    (`agent.max_context_tokens`: a turn's context + its generation; not for the async toy env), a stop
+    table wide enough for the tokenizer's stop ids, and a swap store of >= 0 positions (-1 = slots x
+    max_len). Checked whether or not the switch is on, so flipping it never meets a bad value. A sampler
+    section without `engine`: nothing to check."""
+    from horizon.data.tokenizer import tokenizer_from_config  # noqa: PLC0415
+
+    s, pre = c.rl.sampler, "rl.sampler"
+    if "engine" not in s:
+        return
+    need(isinstance(s.engine, bool), f"{pre}.engine", s.engine, "must be True or False")
+    for k in ENGINE_COUNTS:
+        need_int(s, k, pre, lo=1)
+    max_seq = int(c.model.max_seq_len)
+    max_len = need_int(s, "engine_max_len", pre, lo=0, hi=max_seq) or max_seq
+    need(int(s.engine_min_prefill_chunk) <= int(s.engine_prefill_chunk), f"{pre}.engine_min_prefill_chunk",
+         s.engine_min_prefill_chunk, f"must be <= {pre}.engine_prefill_chunk={s.engine_prefill_chunk}")
+    need(int(s.engine_refill_slots) <= int(s.engine_slots), f"{pre}.engine_refill_slots", s.engine_refill_slots,
+         f"must be <= {pre}.engine_slots={s.engine_slots}")
+    need_int(s, "engine_park_tokens", pre, lo=-1)
+    stops = len(tokenizer_from_config(c).stop_ids)
+    need(int(s.engine_stop_slots) >= stops, f"{pre}.engine_stop_slots", s.engine_stop_slots,
+         f"must hold the tokenizer's {stops} stop ids")
+    toy = "async_" in c and str(c.async_.env) == "toy"       # no agent episodes (workers.toy_rollout)
+    if "agent" in c and not toy:
+        ctx = int(c.agent.max_context_tokens)
+        need(max_len >= ctx, f"{pre}.engine_max_len", s.engine_max_len,
+             f"a slot ({max_len} positions) must hold agent.max_context_tokens={ctx}")
 
 
 def validate_rl_mesh(c) -> None:

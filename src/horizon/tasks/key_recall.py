@@ -26,6 +26,12 @@ oldest turns first). The env's one tool is `read(path)` (SPEC §5 per-environmen
 sets), executed in the sandbox (`cat`). Everything is deterministic in the seed; held-out
 tasks are unseen seeds (>= `HELDOUT_SEED_START`).
 
+**Several keys** (`n_keys` > 1, the harder ``key_relay`` family of `horizon.env.families`): keys
+2..n arrive later, as a line "key #Z" in logs spread over the run (`late_key_logs`), and the answer
+is every key in order of arrival ("#Q #Z #B"). Facts arrive at different times, so with a trigger
+that fires every few logs an episode needs >= 2 summaries before the answer, and a later summary
+must carry forward what an earlier one held (configs/selfsum_relay.py).
+
 This module is data and rules only (tasks, the env's tool, the patterns a summary or log line
 follows); the demonstrator that acts in the agent loop (`horizon.env.demos.KeyRecallDemoPolicy`)
 and the family wiring (`horizon.env.families`) sit above the agent layer.
@@ -48,6 +54,7 @@ KEY_MARK = "#"        # the key is written "#Q": the marker, then one letter of 
 KEY_ALPHABET = "ABCDEFGHIJKLMNOPQUVWXYZ"   # capitals not in the prompts (R, S, T are): 1/23 for a guess
 SYSTEM_PROMPT = "Tool: read(path)."
 PROMPT_TEMPLATE = "Read key.txt, then 1.log to {n}.log. Then reply with the key."
+RELAY_PROMPT_TEMPLATE = "Read key.txt, then 1.log to {n}.log. Then reply with every key, in order."
 # Short strategy texts for this env (`agent.summary_query` etc.; the defaults in
 # horizon.agent.summarize are sized for real models and would dwarf a 400-byte context).
 SUMMARY_QUERY = "Summarize."
@@ -55,6 +62,9 @@ COMPACTION_SECTIONS = ("request", "concepts", "files", "errors", "solving", "fac
                        "current", "next")
 COMPACTION_QUERY = "Summarize in 10 sections: " + ", ".join(f"{i} {s}" for i, s in
                                                             enumerate(COMPACTION_SECTIONS, 1)) + "."
+CONDENSER_SECTIONS = ("context", "completed", "pending", "state")    # OpenHands' condenser sections, shortened
+CONDENSER_QUERY = "Summarize the older steps: " + ", ".join(CONDENSER_SECTIONS) + "."
+MASK_PLACEHOLDER = "(old output omitted)"
 SUMMARY_HEADER = "Summary: "
 STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
 _PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
@@ -79,35 +89,51 @@ def key_recall_seeds(split: str, n: int, start: int = 0) -> list[int]:
     return synthetic_seeds(split, n, start, heldout_seed_start=HELDOUT_SEED_START)
 
 
-def _log(rng: random.Random, n_lines: int, decoy: int | None) -> str:
+def _log(rng: random.Random, n_lines: int, decoy: str | None, key: str | None = None) -> str:
     lines = ["ok " + "".join(rng.choice(_FILLER) for _ in range(4)) for _ in range(n_lines)]
     if decoy is not None:
         lines.insert(rng.randrange(n_lines + 1), DECOY_TEMPLATE.format(decoy))
+    if key is not None:                      # a late key (n_keys > 1): the same line as key.txt's
+        lines.insert(rng.randrange(len(lines) + 1), f"key {KEY_MARK}{key}")
     return "\n".join(lines) + "\n"
 
 
+def late_key_logs(n_logs: int, n_keys: int) -> list[int]:
+    """The logs that hold keys 2..n_keys: spread evenly, the last in the last log (key 1 is key.txt)."""
+    return [round(i * n_logs / (n_keys - 1)) for i in range(1, n_keys)] if n_keys > 1 else []
+
+
 def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_decoys: int = 2,
-                         key_alphabet: str = KEY_ALPHABET) -> Task:
-    """The deterministic key-recall task for `seed` (module docstring)."""
+                         key_alphabet: str = KEY_ALPHABET, n_keys: int = 1) -> Task:
+    """The deterministic key-recall task for `seed` (module docstring); `n_keys` > 1: keys 2..n
+    in the logs of `late_key_logs`, the answer every key in order."""
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    if not 1 <= n_logs <= 9 or log_lines < 1 or not 0 <= n_decoys <= n_logs:
+    if not 1 <= n_logs <= 9 or log_lines < 1 or not 0 <= n_decoys <= n_logs or not 1 <= n_keys <= n_logs + 1:
         raise ValueError(f"bad sizes: n_logs={n_logs} (1..9), log_lines={log_lines} (>=1), "
-                         f"n_decoys={n_decoys} (0..n_logs)")
+                         f"n_decoys={n_decoys} (0..n_logs), n_keys={n_keys} (1..n_logs+1)")
+    if len(key_alphabet) < n_keys + n_decoys:
+        raise ValueError(f"key_alphabet {key_alphabet!r} has no room for {n_keys} keys and {n_decoys} decoys")
     _check_alphabet(key_alphabet, n_decoys)
     rng = random.Random(f"key-recall-{seed}")
     key = rng.choice(key_alphabet)
     decoys = rng.sample([k for k in key_alphabet if k != key], n_decoys)
     decoy_at = dict(zip(rng.sample(range(1, n_logs + 1), n_decoys), decoys))
+    late = rng.sample([k for k in key_alphabet if k != key and k not in decoys], n_keys - 1) if n_keys > 1 else []
+    late_at = dict(zip(late_key_logs(n_logs, n_keys), late))
+    keys = [key] + late
     files = {KEY_FILE: f"key {KEY_MARK}{key}\n"}
-    files.update({f"{i}.log": _log(rng, log_lines, decoy_at.get(i)) for i in range(1, n_logs + 1)})
+    files.update({f"{i}.log": _log(rng, log_lines, decoy_at.get(i), late_at.get(i)) for i in range(1, n_logs + 1)})
     solution = tuple({"name": "read", "args": {"path": p}} for p in [KEY_FILE] + [f"{i}.log"
                                                                                   for i in range(1, n_logs + 1)])
-    return Task(id=f"keyrecall_{seed}", prompt=PROMPT_TEMPLATE.format(n=n_logs), files=files, test_cmd="",
-                reward_mode="answer", solution=solution, final_answer=f"{KEY_MARK}{key}", should_edit=False, kind="recall",
-                split="heldout" if seed >= HELDOUT_SEED_START else "train",
-                metadata={"source": "key_recall", "seed": seed, "key": key, "decoys": decoys, "n_logs": n_logs,
-                          "expected": [[f"{KEY_MARK}{key}"]], "answer_match": "exact"})
+    answer = " ".join(f"{KEY_MARK}{k}" for k in keys)
+    template = PROMPT_TEMPLATE if n_keys == 1 else RELAY_PROMPT_TEMPLATE
+    return Task(id=f"keyrecall_{seed}" if n_keys == 1 else f"keyrelay{n_keys}_{seed}", prompt=template.format(n=n_logs),
+                files=files, test_cmd="", reward_mode="answer", solution=solution, final_answer=answer,
+                should_edit=False, kind="recall", split="heldout" if seed >= HELDOUT_SEED_START else "train",
+                metadata={"source": "key_recall", "seed": seed, "key": key, "keys": keys, "decoys": decoys,
+                          "n_logs": n_logs, "expected": [[answer]], "answer_match": "exact",
+                          "facts": [f"key {KEY_MARK}{k}" for k in keys]})
 
 
 def key_recall_task_from_id(task_id: str, **kw) -> Task:

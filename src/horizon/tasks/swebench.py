@@ -13,7 +13,8 @@ The repository comes from either
 
 Grading (reward_mode ``"swebench"``, `grade`): the instance's test files are restored (every
 file the test_patch touches goes back to its base_commit content, or is removed if the patch
-creates it), test_patch is applied over the agent's work, pytest runs the files named by
+creates it; with an empty test_patch, as generated instances have, the files of the FAIL_TO_PASS
+and PASS_TO_PASS tests), test_patch (if any) is applied over the agent's work, pytest runs the files named by
 FAIL_TO_PASS and PASS_TO_PASS with a per-test report (``-rA``), and the reward is 1.0 iff every
 FAIL_TO_PASS test and every PASS_TO_PASS test is reported PASSED (or XFAIL). The exit code is
 not used. Sandbox failures propagate as `SandboxInfraError` (the caller's infra path, never 0).
@@ -84,9 +85,11 @@ def parse_instance(row, where: str = "instance") -> SweInstance:
     missing = [k for k in REQUIRED_FIELDS if k not in row]
     if missing:
         raise TaskError(f"{where}: missing field(s) {missing}")
-    for k in ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement"):
+    for k in ("instance_id", "repo", "base_commit", "patch", "problem_statement"):
         if not isinstance(row[k], str) or not row[k].strip():
             raise TaskError(f"{where}: {k} must be a non-empty string")
+    if not isinstance(row["test_patch"], str):
+        raise TaskError(f"{where}: test_patch must be a string (empty when the tests already exist)")
     where = f"{where} ({row['instance_id']})"
     f2p = _test_list(row["FAIL_TO_PASS"], "FAIL_TO_PASS", where)
     p2p = _test_list(row["PASS_TO_PASS"], "PASS_TO_PASS", where)
@@ -161,6 +164,12 @@ def test_files(inst_or_lists) -> list[str]:
     return sorted({t.split("::", 1)[0] for t in ids})
 
 
+def protected_files(inst: SweInstance) -> list[str]:
+    """Files restored to ``base_commit`` before grading: those the test_patch touches, or, with an
+    empty test_patch (generated instances: the failing tests already exist), the test files."""
+    return patch_files(inst.test_patch) if inst.test_patch.strip() else test_files(inst)
+
+
 def repo_tree(repo_path: str | os.PathLike, commit: str) -> tuple[dict[str, str], list[str]]:
     """(text files, skipped non-text paths) of `repo_path` at `commit` (``git archive``)."""
     repo_path = pathlib.Path(repo_path)
@@ -209,11 +218,11 @@ def instance_task(inst: SweInstance, *, repo_path: str | os.PathLike | None = No
     files, skipped, originals = {}, [], None
     if repo_path is not None and image is None:
         files, skipped = repo_tree(repo_path, inst.base_commit)
-        originals = {p: files.get(p) for p in patch_files(inst.test_patch)}
+        originals = {p: files.get(p) for p in protected_files(inst)}
     meta = {"source": f"swebench:{inst.instance_id}", "instance_id": inst.instance_id, "repo": inst.repo,
             "base_commit": inst.base_commit, "patch": inst.patch, "test_patch": inst.test_patch,
             "fail_to_pass": list(inst.fail_to_pass), "pass_to_pass": list(inst.pass_to_pass),
-            "test_files": test_files(inst), "test_patch_files": patch_files(inst.test_patch),
+            "test_files": test_files(inst), "test_patch_files": protected_files(inst),
             "test_originals": originals, "skipped_files": skipped, "prepared_image": image is not None}
     return Task(id=task_id_for(inst.instance_id), prompt=inst.problem_statement, files=files,
                 test_cmd=pytest_command(test_files(inst)), reward_mode=REWARD_MODE, image=image,
@@ -284,8 +293,8 @@ def grade(task: Task, sandbox, timeout: float = DEFAULT_GRADE_TIMEOUT_S):
     md = task.metadata
     wanted = list(md["fail_to_pass"]) + list(md["pass_to_pass"])
     _restore_test_files(task, sandbox, timeout)
-    r = apply_patch(sandbox, md["test_patch"], timeout=timeout)
-    if not r.ok:
+    r = apply_patch(sandbox, md["test_patch"], timeout=timeout) if md["test_patch"].strip() else None
+    if r is not None and not r.ok:
         return VerifyResult(0.0, 0, len(wanted), f"[swebench] test_patch did not apply:\n{r.output[-2000:]}")
     r = sandbox.exec(task.test_cmd, timeout=timeout, workdir=WORKSPACE)
     try:

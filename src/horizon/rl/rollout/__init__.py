@@ -1,2 +1,14 @@
-"""RL rollout (SPEC §4, §4.1): the one `generate` (latent-cache decoding with an in-flight
-weight-swap hook) and its adapter to the agent's policy interface (`sampler.make_policy`)."""
+"""RL rollout (SPEC §4, §4.1): how the policy samples.
+
+- `engine.py`: the rollout engine (continuous batching over decode slots of the MLA latent cache,
+  an episode's cache kept across turns, a group's prompt prefilled once, on-device multi-token
+  decode with stops, per-request keys and sampling parameters, in-flight weight swaps) and
+  `EnginePolicy`, its adapter to the agent (``policy(contexts, max_new)`` and ``policy.stream()``,
+  with which `horizon.agent.run_episodes` advances episodes independently).
+  `engine.rollout_policy` is every caller's policy factory (RL loop, async workers, held-out eval,
+  eval harness): the engine when `rl.sampler.engine` is on and no multi-device mesh is configured.
+- `sampler.py`: the one batched `generate` (latent-cache decoding in device chunks, per-sequence
+  keys, a `poll` hook for in-flight weight swaps, the mesh's sharded placement) and
+  `make_policy`, its lockstep adapter: what `rollout_policy` returns on a mesh or with
+  `rl.sampler.engine=False`. The engine runs `sampler.decode_one`, the same decode step.
+"""

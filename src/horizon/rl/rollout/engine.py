@@ -58,13 +58,23 @@ every host round-trip (<= `chunk_tokens` decode steps) and switches weights in f
 "keep" continues on the caches the old weights computed (parked ones included, PipelineRL);
 "recompute" re-prefills every active row (context + generated tokens) with the new weights,
 redraws each pending token with its own key and replaces the generated tokens' routing, and drops
-every other cache. Not yet: the mesh path (`generate`'s `sharded` placement); the engine runs on
-the default device.
+every other cache. The engine runs on the default device: a run with a multi-device mesh samples
+with `generate` (its sharded placement, `parallel.sharded`), chosen by `rollout_policy`.
 
 `EnginePolicy` adapts it to the agent: ``policy(contexts, max_new)`` (the lockstep interface,
-samples equal `sampler.make_policy`'s) and ``policy.stream()``, with which
-`horizon.agent.run_episodes` advances episodes independently (an episode's tool call runs as soon
-as its generation ends, in a bounded pool, while the engine decodes the others).
+samples equal `sampler.make_policy`'s; the toy env's groups, eval warm-up) and ``policy.stream()``,
+with which `horizon.agent.run_episodes` advances episodes independently (an episode's tool call runs
+as soon as its generation ends, in a bounded pool, while the engine decodes the others).
+
+Who uses it: `rollout_policy(params_ref, cfg, key, ...)` is the one policy factory of every caller —
+the sync RL loop and the async rollout workers (`rl.runtime.core.rollout_groups`, poll = the current
+weights / `workers.WeightSource.poll`), the RL loop's held-out eval (`rl.runtime.loop.evaluate`) and
+the eval harness (`eval.harness.policy_from_params`, experiments/eval.py). It returns an
+`EnginePolicy` when `rl.sampler.engine` is on (configs/rl_tiny.py, default) and no mesh is
+configured, else `sampler.make_policy`. Determinism: a group's samples do not depend on scheduling
+(which slot, which batch-mates, when a tool call returned): an episode's turn t draws with its own
+key ``fold_in(fold_in(stream key, episode), t)`` and the stream key is the policy key's next split,
+i.e. a function of the batch's first slot (`core.policy_key`) and the call count (tested).
 """
 
 from __future__ import annotations
@@ -73,16 +83,17 @@ import collections
 import dataclasses
 import functools
 import threading
+import time
 from typing import Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jaxtyping import Array, Float, Int
 
 from horizon.data.tokenizer import tokenizer_from_config
 from horizon.model import transformer
+from horizon.parallel import mesh as pmesh
 from horizon.rl.maths.batch import bucket
 from horizon.rl.rollout import sampler
 
@@ -689,7 +700,10 @@ class EngineStream:
 
     def advance(self) -> list:
         out = []
-        for c in self.policy.engine.step():
+        t0 = time.perf_counter()
+        done = self.policy.engine.step()
+        self.policy.state["gen_s"] += time.perf_counter() - t0
+        for c in done:
             episode, turn = self.by_rid.pop(c.request_id)
             out.append((episode, self.policy._generation(c, episode=episode, turn=turn)))
         return out
@@ -712,7 +726,8 @@ class EnginePolicy:
     or `EngineConfig` fields. ``policy(contexts, max_new)`` consumes a fresh split of `key` per call
     and gives row i the key ``fold_in(split, i)``, as `make_policy`/`generate` do, hence the same
     samples; ``policy.stream()`` (a fresh split) is the independent-episode interface. `state`
-    counts switches, generated tokens and prefill tokens computed / reused.
+    counts switches, generated tokens, prefill tokens computed / reused and seconds in engine calls
+    (`gen_s`: tool calls that overlap decoding are not in it).
     """
 
     def __init__(self, params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
@@ -732,7 +747,8 @@ class EnginePolicy:
         self.params_ref = params_ref
         self._lock = threading.Lock()
         self._sessions = 0
-        self.state = {"key": key, "switches": 0, "tokens": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self.state = {"key": key, "switches": 0, "tokens": 0, "prefill_tokens": 0, "reused_tokens": 0,
+                      "gen_s": 0.0}
         self.log: list[dict] = []     # per generation: episode, turn, context / prefill / reused / generated tokens
 
     def _split(self) -> jax.Array:
@@ -765,8 +781,36 @@ class EnginePolicy:
         sub = self._split()
         keys = sampler.sequence_keys(sub, len(contexts))
         reqs = [self._request(ctx, keys[i], max_new_tokens) for i, ctx in enumerate(contexts)]
-        return [self._generation(c) for c in generate_requests(self.engine, reqs)]
+        t0 = time.perf_counter()
+        done = generate_requests(self.engine, reqs)
+        self.state["gen_s"] += time.perf_counter() - t0
+        return [self._generation(c) for c in done]
 
     def stream(self) -> EngineStream:
         """A fresh stream (its own key split) for one `run_episodes` call."""
         return EngineStream(self, self._split())
+
+
+# ------------------------------------------------------------------------------ the one switch
+def uses_engine(cfg) -> bool:
+    """Whether `rollout_policy` serves `cfg` with the engine: `rl.sampler.engine` is on (configs/rl_tiny.py;
+    a config without an `rl.sampler` section, e.g. a bare model config, gets `generate`) and the run has
+    no multi-device mesh (`parallel.mesh.run_mesh`): the mesh path keeps `sampler.generate`'s sharded
+    placement, which the engine does not have (module docstring)."""
+    has_sampler = "rl" in cfg and "sampler" in cfg.rl
+    return bool(has_sampler and cfg.rl.sampler.get("engine", False)) and pmesh.run_mesh(cfg) is None
+
+
+def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
+                   **overrides):
+    """The agent policy every caller samples with (SPEC §4, §4.1, §7): the RL loops' group rollouts
+    (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval (`rl.runtime.loop.evaluate`)
+    and the eval harness (`eval.harness.policy_from_params`). An `EnginePolicy` when `uses_engine(cfg)`,
+    else `sampler.make_policy` (lockstep `generate`: the mesh path, or `rl.sampler.engine=False`). Both
+    take `params_ref` (a `sampler.ParamsHolder` or ``poll() -> (params, version)``, polled every
+    `chunk_tokens` decode steps), give row / episode samples that depend on its own key only, and count
+    ``state["switches"]``, ``state["tokens"]`` and ``state["gen_s"]`` (seconds in generation calls)."""
+    if uses_engine(cfg):
+        return EnginePolicy(params_ref, cfg, key, chunk_tokens=chunk_tokens, kv_mode=kv_mode, **overrides)
+    return sampler.make_policy(params_ref, cfg, key, chunk_tokens=chunk_tokens,
+                               kv_mode="keep" if kv_mode is None else kv_mode, **overrides)

@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -432,19 +433,21 @@ def make_policy(params_ref: ParamsHolder | Callable[[], tuple[dict, int]], cfg, 
     updates inside a generation, `kv_mode`; e.g. `horizon.rl.runtime.workers.WeightSource.poll`). Each
     call consumes a fresh split of `key` (deterministic sequence of calls => deterministic
     samples). `cfg` is the full config (model + `rl.sampler`); `overrides` replace sampler kwargs
-    (e.g. temperature=0). `policy.state` counts weight switches and generated tokens.
+    (e.g. temperature=0). `policy.state` counts weight switches, generated tokens and seconds in
+    generation (`gen_s`).
     """
     from horizon.agent import Generation  # the agent owns the type
 
     kwargs = sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
     kwargs.update(overrides)
-    state = {"key": key, "switches": 0, "tokens": 0}
+    state = {"key": key, "switches": 0, "tokens": 0, "gen_s": 0.0}
     lock = threading.Lock()
     inflight = not isinstance(params_ref, ParamsHolder)
 
     def policy(contexts: list[np.ndarray], max_new_tokens: int) -> list:
         with lock:
             state["key"], sub = jax.random.split(state["key"])
+        t0 = time.perf_counter()
         if inflight:
             out = generate(None, contexts, sub, cfg=cfg, max_new_tokens=max_new_tokens, poll=params_ref,
                            chunk_tokens=chunk_tokens, kv_mode=kv_mode, **kwargs)
@@ -455,6 +458,7 @@ def make_policy(params_ref: ParamsHolder | Callable[[], tuple[dict, int]], cfg, 
             versions = [version] * len(out.tokens)      # one version per call
         state["switches"] += out.switches
         state["tokens"] += int(sum(len(t) for t in out.tokens))
+        state["gen_s"] += time.perf_counter() - t0
         return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=v)
                 for t, lp, ri, v in zip(out.tokens, out.logprobs, out.router_indices, versions)]
 

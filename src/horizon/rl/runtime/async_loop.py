@@ -9,8 +9,9 @@ JAX; the orchestrator runs no JAX computation):
       ├─ trainer process      `trainer_main`: waits for the groups of step t, `train_groups`,
       │                        checkpoints, publishes version t+1 (weight_sync: delta chain on a shared dir)
       └─ rollout workers ×W   `rollout_worker_main`: take a generation batch, load the newest weights,
-                               `rollout_groups` with in-flight weight updates (`sampler.generate`
-                               polling the weight source), write each group to the GroupStore
+                               `rollout_groups` with in-flight weight updates (the rollout engine,
+                               `engine.rollout_policy`, polling the weight source), write each group
+                               to the GroupStore
 
 All data moves through storage, never through the trainer's queues: the trainer can be
 SIGKILLed at any point and restarted without corrupting anything. ``weights/`` (weight_sync) and

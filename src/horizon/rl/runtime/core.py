@@ -175,15 +175,17 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
                    ) -> tuple[list[storage.GroupRecord], dict]:
     """One batched generation of `requests` (one generation batch) in `env` with the weights of
     `poll() -> (params, version)`, polled every `rl.sampler.chunk_tokens` decode steps (in-flight
-    updates, `rl.sampler.kv_mode`). A group whose sandboxes kept failing (the env's retries spent)
+    updates, `rl.sampler.kv_mode`), through `engine.rollout_policy` (the rollout engine unless
+    `rl.sampler.engine` is off or a mesh is configured). A group whose sandboxes kept failing (the env's retries spent)
     is replaced by the group of the slot's next reserve prompt (module docstring); when a slot's
     reserve is spent too, `RuntimeError` (the infrastructure, not one box, is broken). Returns
-    (one `GroupRecord` per request, batch info with the batch's `infra/*` counters)."""
-    from horizon.rl.rollout import sampler  # noqa: PLC0415  (jax: imported where a rollout runs)
+    (one `GroupRecord` per request, batch info: wall `seconds`, `gen_s` (seconds in generation calls),
+    weight `switches`, `start_version` and the batch's `infra/*` counters)."""
+    from horizon.rl.rollout import engine  # noqa: PLC0415  (jax: imported where a rollout runs)
 
     s = cfg.rl.sampler
-    policy = sampler.make_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
-                                 kv_mode=str(s.kv_mode))
+    policy = engine.rollout_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
+                                   kv_mode=str(s.kv_mode))
     start_version = int(poll()[1])
     before = _env_counters(env)
     t0 = time.time()
@@ -218,7 +220,8 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
             advantages=group_advantages(rs, cfg), min_version=lo, max_version=hi, start_version=start_version,
             generated_tokens=int(sum(t.num_generated_tokens for t in trajs)), worker=worker, seconds=dt,
             infos=infos, infra=infra))
-    return recs, dict(seconds=dt, switches=int(policy.state["switches"]), start_version=start_version,
+    return recs, dict(seconds=dt, gen_s=float(policy.state["gen_s"]), switches=int(policy.state["switches"]),
+                      start_version=start_version,
                       **{f"infra/{k}": v for k, v in delta.items()})
 
 

@@ -33,7 +33,7 @@ from horizon.data.packing import pack_sequences
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
 from horizon.rl.maths import batch as rlbatch
-from horizon.rl.rollout import sampler
+from horizon.rl.rollout import engine, sampler
 from horizon.rl.runtime import core as runtime
 from horizon.env.families import Family
 from horizon.train import lm
@@ -65,8 +65,8 @@ def evaluate(env, params, tasks, c, tok, key, version: int) -> dict:
     from horizon.eval import harness
 
     ev = c.exp.eval
-    policy = sampler.make_policy(sampler.ParamsHolder(params, version=version), c, key,
-                                 temperature=float(ev.temperature))
+    policy = engine.rollout_policy(sampler.ParamsHolder(params, version=version), c, key,
+                                   temperature=float(ev.temperature))
     records = harness.run_eval(policy, tasks, env.eval_setup(tok, int(ev.passes)), policy_name=f"v{version}")
     return harness.pass_summary(records)
 
@@ -287,9 +287,11 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         if sched.assign(step) is None:
             print(f"{tag}prompt set exhausted (single epoch): stopping", flush=True)
             break
-        groups = []
+        groups, t_gen = [], 0.0
         for reqs in sched.batches(step):
-            groups += runtime.rollout_groups(env, reqs, lambda p=state.params, v=step: (p, v), c, tok)[0]
+            recs, info = runtime.rollout_groups(env, reqs, lambda p=state.params, v=step: (p, v), c, tok)
+            groups += recs
+            t_gen += info["gen_s"]
         sched.feed(step, groups)
         for g in groups if store is not None else ():
             store.put(g)
@@ -299,7 +301,7 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         infos = [i for g in groups for i in g.infos]
         gen = sum(g.generated_tokens for g in groups)
         rec.update(phase="rl", step=step + 1, group_size=int(c.rl.group_size), groups=len(groups), rollout_s=t_roll,
-                   gen_tokens=gen,
+                   gen_s=t_gen, gen_tokens=gen,
                    train_s=time.time() - t1, step_s=time.time() - t0, gen_tokens_per_s=gen / max(t_roll, 1e-9),
                    success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos])),
                    malformed=float(np.mean([i.get("malformed_calls", 0) > 0 for i in infos])),
@@ -308,7 +310,8 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         log(rec)
         print(f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{c.rl.group_size} "
               f"{rec['best_of_k']:.3f} success {rec['success']:.3f} malformed {rec['malformed']:.2f} "
-              f"kl {rec.get('kl_k1', 0.0):.2e} gen {rec['gen_tokens_per_s']:.0f} tok/s rollout {t_roll:.1f}s "
+              f"kl {rec.get('kl_k1', 0.0):.2e} gen {t_gen:.1f}s ({rec['gen_tokens_per_s']:.0f} tok/s of rollout) "
+              f"rollout {t_roll:.1f}s "
               + (f"pack {rec['pack/imbalance']:.3f} (naive {rec['pack/imbalance_naive']:.3f}) "
                  if rec["pack/ranks"] > 1 else "")
               + (f"infra: {rec['infra/infra_episodes']:.0f} failed episodes, {rec['infra/group_retries']:.0f} "

@@ -1,0 +1,138 @@
+"""The observation-masking and summarizing-condenser baselines (horizon.agent.summarize, SPEC §6; issue 25).
+
+Unit tests pin the context each strategy builds from a hand-made message list; the episode tests pin
+it on a scripted key-recall episode through the real agent loop (LocalSandbox).
+"""
+
+import ml_collections
+import pytest
+
+from horizon.agent import Message, ObservationMasking, SummarizingCondenser, make_strategy, run_episodes, split_turns
+from horizon.agent.rollout import validate_agent_config
+from horizon.agent.summarize import ContextState
+from horizon.data.tokenizer import ByteTokenizer
+from horizon.env.demos import KeyRecallDemoPolicy
+from horizon.env.families import family_from_config, make_episode
+from horizon.sandbox import open_sandbox
+from horizon.tasks import key_recall as kr
+from horizon.tasks import verify
+from horizon.utils.config import ConfigError, load_config_file
+
+TOK = ByteTokenizer()
+
+
+def history():
+    """system, task, then three (call, observation) pairs, a summary query and its summary turn."""
+    m = [Message("system", "sys", kind="system"), Message("user", "task", kind="task")]
+    for i in range(3):
+        m += [Message("assistant", f"call{i}"), Message("observation", f"out{i}\nline2")]
+    return m
+
+
+def measure(msgs):      # one "token" per character: easy to check by hand
+    return sum(len(x.text) for x in msgs)
+
+
+def test_masking_replaces_old_outputs_keeps_own_turns():
+    msgs = history()
+    st = ObservationMasking(trigger_tokens=10, keep_recent=1, placeholder="[{lines} lines omitted]")
+    assert not st.should_compact(9) and st.should_compact(10) and st.query() is None
+    new = st.compact(ContextState(msgs), None, measure)
+    assert [(x.role, x.text) for x in new] == [
+        ("system", "sys"), ("user", "task"), ("assistant", "call0"), ("observation", "[2 lines omitted]"),
+        ("assistant", "call1"), ("observation", "[2 lines omitted]"), ("assistant", "call2"),
+        ("observation", "out2\nline2")]
+    assert all(a is b for a, b in zip(new, msgs) if a.role != "observation" or a.text.startswith("out"))
+    again = st.compact(ContextState(new), None, measure)      # nothing new to mask: the very same messages
+    assert all(a is b for a, b in zip(again, new)) and len(again) == len(new)
+    assert ObservationMasking(10, keep_recent=0).compact(ContextState(msgs), None, measure)[-1].kind == "masked"
+
+
+def test_condenser_keeps_first_summary_and_recent_turns():
+    msgs = history() + [Message("user", "Q", kind="summary_query"), Message("assistant", "<summary>s</summary>")]
+    # target 0.5 * 60 = 30 characters: head (7) + summary ("S: " + "sum" = 6) + call2/out2 (15) = 28 fits,
+    # adding out1 (10) would not; call1 is then the first kept turn only if out1 fits -> the tail is call2, out2
+    st = SummarizingCondenser(60, 40, keep_first=0, keep_recent_fraction=0.5, query_text="Q", header="S: ")
+    new = st.compact(ContextState(msgs), "sum", measure)
+    assert [(x.role, x.text, x.kind) for x in new] == [
+        ("system", "sys", "system"), ("user", "task", "task"), ("user", "S: sum", "summary"),
+        ("assistant", "call2", ""), ("observation", "out2\nline2", "")]
+    first = SummarizingCondenser(60, 40, keep_first=2, keep_recent_fraction=0.5, query_text="Q", header="S: ")
+    new = first.compact(ContextState(msgs), "sum", measure)
+    assert [x.text for x in new] == ["sys", "task", "call0", "out0\nline2", "S: sum"]  # the first events fill it
+    # a second condensation replaces the earlier summary (OpenHands: one summary event, after the head)
+    again = st.compact(ContextState(new[:5] + [Message("assistant", "call3"), Message("observation", "o3"),
+                                               Message("user", "Q", kind="summary_query"),
+                                               Message("assistant", "x")]), "sum2", measure)
+    assert [x.text for x in again if x.kind == "summary"] == ["S: sum2"]
+    assert [x.text for x in again][-2:] == ["call3", "o3"]
+    assert st.query().text == "Q" and st.summary_max_tokens == 40
+
+
+def agent(strategy, **kw):
+    c = ml_collections.ConfigDict(load_config_file("configs/selfsum_tiny.py").agent.to_dict())
+    c.context_strategy = strategy
+    c.update(kw)
+    return c
+
+
+def test_config_fields_and_validation():
+    a = agent("observation_masking")
+    assert isinstance(make_strategy(a), ObservationMasking) and make_strategy(a).placeholder == kr.MASK_PLACEHOLDER
+    a = agent("summarizing_condenser")
+    st = make_strategy(a)
+    assert isinstance(st, SummarizingCondenser) and st.query_text == kr.CONDENSER_QUERY
+    assert st.summary_max_tokens == a.condenser_max_tokens and st.target == int(0.75 * a.trigger_tokens)
+    for strategy, bad, field in [("observation_masking", dict(observation_masking_keep_recent=-1), "keep_recent"),
+                                 ("observation_masking", dict(observation_placeholder="{x}"), "placeholder"),
+                                 ("summarizing_condenser", dict(condenser_keep_recent_fraction=1.0), "fraction"),
+                                 ("summarizing_condenser", dict(condenser_keep_first=-1), "keep_first"),
+                                 ("summarizing_condenser", dict(condenser_max_tokens=5000), "condenser_max_tokens")]:
+        with pytest.raises(ConfigError, match=field):
+            validate_agent_config(agent(strategy, **bad))
+    validate_agent_config(agent("self_summary", condenser_keep_first=-1))   # checked only where used
+
+
+@pytest.fixture(scope="module")
+def episode():
+    """One key-recall task's demonstrator episode under a strategy (LocalSandbox)."""
+    c = load_config_file("configs/selfsum_tiny.py")
+    fam = family_from_config(c.exp)
+    sb = open_sandbox("local")
+
+    def run(strategy, corrupt=0.0):
+        t = fam.make_task(3)
+        fam.reset(sb, t)
+        ep = make_episode(fam, t, sb, TOK, agent(strategy))
+        tr = run_episodes(KeyRecallDemoPolicy(TOK, corrupt, notes=strategy == "observation_masking"), [ep])[0]
+        return t, ep, tr, verify(t, sb, tr.final_answer, check_edits=False).reward
+    yield run
+    sb.close()
+
+
+def test_masking_episode_context(episode):
+    t, ep, tr, reward = episode("observation_masking")
+    assert reward == 1.0 and tr.end_reason == "final" and tr.stats["summaries"] == 0 and len(tr.segments) == 2
+    first, last = (split_turns(s.tokens, TOK) for s in tr.segments)
+    key = t.metadata["key"]
+    assert ("observation", f"key #{key}\n") in first                    # read before the trigger...
+    obs = [x for r, x in last if r == "observation"]
+    assert obs[:3] == [kr.MASK_PLACEHOLDER] * 3 and obs[3] == t.files["3.log"]   # ...masked after it, but the last
+    own = [x for r, x in last if r == "assistant"]
+    assert own[1].startswith(f"<think>key #{key}</think>")            # the model's own note survives masking
+    assert [r for r, _ in last[:2]] == ["system", "user"] and last[-1] == ("assistant", f"<final>#{key}</final>")
+
+
+def test_condenser_episode_context(episode):
+    t, ep, tr, reward = episode("summarizing_condenser")
+    assert reward == 1.0 and tr.stats["summaries"] == 1 and len(tr.segments) == 2
+    first, last = (split_turns(s.tokens, TOK) for s in tr.segments)
+    assert first[-2] == ("user", kr.CONDENSER_QUERY)
+    key = t.metadata["key"]
+    assert last[2] == ("user", f"{kr.SUMMARY_HEADER}context: read key.txt, 3 logs; reply keys\ncompleted: key.txt "
+                               f"1.log 2.log 3.log\npending: none\nstate: key #{key}, last 3.log")
+    assert [r for r, _ in last[3:]] == ["assistant", "observation", "assistant"]   # the recent turn, verbatim
+    assert last[4] == ("observation", t.files["3.log"])
+    assert len(tr.segments[1].tokens) - len(split_turns(tr.segments[1].tokens, TOK)[-1][1]) < 400
+    _, _, tr, reward = episode("summarizing_condenser", corrupt=1.0)                 # a lossy condensation
+    assert reward == 0.0

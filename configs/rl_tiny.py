@@ -189,9 +189,10 @@ def experiment_config() -> ml_collections.ConfigDict:
     e.plot = True
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)
     e.sft = ml_collections.ConfigDict(dict(
-        clean_steps=500,              # stage 1 (horizon.rl.runtime.loop.config_edit_warm_start): correct demos, so the
-        #                               tiny model learns to copy the value (loss 0.024 -> 1e-4 between steps 300
-        #                               and 600 at lr 1e-2; at lr 3e-3 no copy by 800 steps, clean or not)
+        clean_steps=1000,             # stage 1 (horizon.rl.runtime.loop.config_edit_warm_start): correct demos, so the
+        #                               tiny model learns to copy the value (a sudden drop, loss ~0.02 -> 1e-4, whose
+        #                               timing moves with the environment: steps 300-600 in one venv, none by 500 in
+        #                               a rebuilt one, 500-650 of 1000 there; docs/PERF.md; at lr 3e-3 no copy by 800)
         steps=300, batch_size=16, seq_len=208,  # stage 2; rows packed to seq_len (context ~80 + call ~90 tokens)
         #                               (each stage's schedule spans its own step count)
         corrupt_prob=0.5,             # imperfect demonstrations: this fraction carries a wrong value ...

@@ -138,10 +138,10 @@ def operands(key, m, k, n, fmt: str):
 
 
 def fp8_per_tensor(qa, qb):
-    """The speed ceiling's operands: one e4m3 tensor each, unit (per-tensor) scales."""
-    a = F.dequantize(qa).astype(jnp.float8_e4m3fn) if not isinstance(qa, F.MXTensor) else qa.values
-    b = F.dequantize(qb).astype(jnp.float8_e4m3fn) if not isinstance(qb, F.MXTensor) else qb.values
-    return a, b
+    """The speed ceiling's operands: one e4m3 tensor each, unit (per-tensor) scales (MXFP8's own values;
+    NVFP4 dequantized and cast)."""
+    return tuple(q.values if isinstance(q, F.MXTensor) else F.dequantize(q).astype(jnp.float8_e4m3fn)
+                 for q in (qa, qb))
 
 
 def fp8_dot(a, b):

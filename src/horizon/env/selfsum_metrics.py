@@ -23,19 +23,14 @@ from typing import Sequence
 import numpy as np
 from jaxtyping import Int
 
+from horizon.rl.rollout.engine import common_prefix  # the engine's own LCP, which its reuse counts use
+
 
 def compaction_error(solved: bool, seen_before: Sequence[str], memory: str) -> bool:
     """A failed episode whose `memory` (the last summary's text; for strategies without one, what
     the final context kept) lacks a needed fact that the context held before the last compaction
     (`seen_before`). Succeeded episodes and episodes that never compacted are never counted."""
     return (not solved) and any(f not in memory for f in seen_before)
-
-
-def common_prefix(a: Int[np.ndarray, "n"], b: Int[np.ndarray, "m"]) -> int:
-    """Length of the longest common prefix of two token arrays."""
-    n = min(len(a), len(b))
-    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
-    return int(diff[0]) if len(diff) else n
 
 
 def prefill_tokens(segments: Sequence[Int[np.ndarray, "n"]], generated: int) -> int:

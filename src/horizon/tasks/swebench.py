@@ -285,12 +285,13 @@ def _restore_test_files(task: Task, sandbox, timeout: float) -> None:
         sandbox.exec(script, timeout=timeout, workdir=WORKSPACE)
 
 
-def grade(task: Task, sandbox, timeout: float = DEFAULT_GRADE_TIMEOUT_S):
+def grade(task: Task, sandbox, timeout: float | None = None):
     """`VerifyResult` of a SWE-bench task's final sandbox state (module docstring). Raises
     `SandboxInfraError` when the sandbox fails; everything else the policy did is a score."""
     from horizon.tasks.verifier import VerifyResult  # noqa: PLC0415 - verifier dispatches here
 
     md = task.metadata
+    timeout = timeout or DEFAULT_GRADE_TIMEOUT_S
     wanted = list(md["fail_to_pass"]) + list(md["pass_to_pass"])
     _restore_test_files(task, sandbox, timeout)
     r = apply_patch(sandbox, md["test_patch"], timeout=timeout) if md["test_patch"].strip() else None

@@ -22,7 +22,7 @@ Answer tasks (reward_mode "answer": questions, recall):
 
 Imported tasks (reward_mode "swebench" / "harbor"): `horizon.tasks.swebench.grade` (per-test
 pytest report: FAIL_TO_PASS and PASS_TO_PASS all pass) / `horizon.tasks.harbor.grade` (tests/test.sh
-and its reward file), each with its own default timeout unless the caller passes another.
+and its reward file), each with its own default timeout unless the caller passes one.
 
 `verify` never raises on sandbox trouble: it returns reward 0 with the error in `output`.
 """
@@ -180,17 +180,18 @@ def _verify_tests(task: Task, sandbox, timeout: float) -> VerifyResult:
     return VerifyResult(reward, counts.passed, counts.total, f"[verifier] exit code {r.exit_code}\n{r.output}")
 
 
-def verify(task: Task, sandbox, final_answer: str = "", timeout: float = DEFAULT_VERIFY_TIMEOUT_S, *,
+def verify(task: Task, sandbox, final_answer: str = "", timeout: float | None = None, *,
            check_edits: bool = True) -> VerifyResult:
     """Score `sandbox`'s final state for `task` (module docstring); never raises on sandbox errors.
+    `timeout` None: the mode's own default (`DEFAULT_VERIFY_TIMEOUT_S`; the importers' graders theirs).
     A dead or unusable sandbox (`SandboxInfraError`) is not a score: the result carries
     `infra_error` and the caller retries the episode (issue 21: infrastructure is not the policy)."""
     try:
-        own_timeout = None if timeout == DEFAULT_VERIFY_TIMEOUT_S else timeout
         if task.reward_mode == swebench.REWARD_MODE:
-            return swebench.grade(task, sandbox, own_timeout or swebench.DEFAULT_GRADE_TIMEOUT_S)
+            return swebench.grade(task, sandbox, timeout)
         if task.reward_mode == harbor.REWARD_MODE:
-            return harbor.grade(task, sandbox, own_timeout)
+            return harbor.grade(task, sandbox, timeout)
+        timeout = DEFAULT_VERIFY_TIMEOUT_S if timeout is None else timeout
         if task.reward_mode == "answer":
             return _verify_answer(task, sandbox, final_answer, check_edits, timeout)
         return _verify_tests(task, sandbox, timeout)

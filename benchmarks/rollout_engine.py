@@ -3,11 +3,15 @@
 Three workloads, each timed after a warm-up pass of the same shapes (XLA compiles excluded), fresh
 random prompts per timed repetition (so the engine cannot reuse the previous repetition's cache):
 
-1. **raw** (configs/tiny.py, `--batch` prompts of 32-96 random tokens, exactly `--new` sampled
+1. **raw** (configs/tiny.py, `--batch` prompts of 32-96 random tokens, no two sharing a first token,
+   exactly `--new` sampled
    tokens each, no stop ids): generated tokens/s of `sampler.generate` as `make run` configures it
-   (configs/rl_tiny.py's `rl.sampler`: buckets 32 / 128 / 128, 16 steps per sync), of `generate` with
-   the tightest buckets, and of the engine (`engine.Engine`, `rl.sampler.engine_*`). The same
-   per-sequence keys: the samples must be identical (printed).
+   (configs/rl_tiny.py's `rl.sampler`: buckets 32 / 128 / 128, 16 steps per sync), of the same with a
+   host sync after every token (what `generate` did when issue 24 was filed: its multi-token device
+   loop came with issue 20), of `generate` with the tightest buckets, of the engine (`engine.Engine`,
+   `rl.sampler.engine_*`) and of Hugging Face `generate` with the same weights (`--skip-hf` leaves it
+   out; `benchmarks/sampling.py`'s export). The same per-sequence keys: horizon's samples must be
+   identical (printed).
 2. **staggered** (`--stream` requests, budgets uniform in [8, `--new`], as a policy whose rows stop at
    different lengths): `generate` on batches of `--batch` decodes until its longest row is done (the
    lockstep path: a batch waits for its slowest row), the engine refills a slot as soon as its
@@ -18,7 +22,7 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
    wall time and prefill tokens computed; the old path prefills every turn's whole context, the
    engine only what no cache holds (per-episode caches across turns, one prefill per group prompt).
 4. **agent** (`--episodes` key-recall episodes of configs/selfsum_tiny.py through `run_episodes`, local
-   or `--backend docker` sandboxes, per `--strategies`): lockstep `make_policy` vs the engine's
+   or `--backend docker` sandboxes, per `--strategies`): a lockstep `generate` policy vs the engine's
    independent path; untrained weights, so turns are malformed calls (see `agent`).
 
     .venv/bin/python benchmarks/rollout_engine.py [--batch 32 --new 64 --reps 3]
@@ -39,6 +43,7 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
+import sampling  # noqa: E402  (same directory: the HF export and generate of benchmarks/sampling.py)
 from horizon.model.params import numpy_init  # noqa: E402
 from horizon.rl.rollout import engine as E  # noqa: E402
 from horizon.rl.rollout import sampler  # noqa: E402
@@ -56,8 +61,15 @@ def config():
     return c
 
 
-def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256):
-    return [rng.integers(0, vocab, size=int(k)).astype(np.int32) for k in rng.integers(lo, hi + 1, size=n)]
+def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256, distinct_first=False):
+    """`n` random prompts of `lo`..`hi` tokens; with `distinct_first` (n <= vocab) no two share a first
+    token, so no prompt is a prefix-cache hit for another (the raw workload: each repetition then runs
+    the shapes the warm-up compiled, and neither path reuses a cache)."""
+    out = [rng.integers(0, vocab, size=int(k)).astype(np.int32) for k in rng.integers(lo, hi + 1, size=n)]
+    if distinct_first:
+        for p, first in zip(out, rng.permutation(vocab)[:n]):
+            p[0] = first
+    return out
 
 
 def timed(fn, make_input, warmup: int, reps: int):
@@ -82,7 +94,7 @@ def raw(c, params, args):
     tight = dict(kw, min_batch_bucket=1, min_prompt_bucket=16, min_new_bucket=16, sync_tokens=args.new)
     n = args.batch
     keys = lambda: sampler.sequence_keys(jax.random.key(1), n)      # noqa: E731
-    mk = lambda r: prompts(np.random.default_rng(r), n)             # noqa: E731
+    mk = lambda r: prompts(np.random.default_rng(r), n, distinct_first=True)   # noqa: E731
     gen = lambda kwargs: lambda p: sampler.generate(params, p, jax.random.key(1), cfg=c, max_new_tokens=args.new,  # noqa: E731
                                                     stop_tokens=(), **kwargs)
     eng = E.Engine(c, params=params, stop_tokens=())
@@ -97,16 +109,45 @@ def raw(c, params, args):
           f"sampled tokens (temperature 1, no stop ids)")
     res = {}
     for name, fn in (("generate, make run's rl.sampler (buckets 32/128/128, sync 16)", gen(kw)),
+                     ("generate, host sync every token (the path issue 24 started from)", gen(dict(kw, sync_tokens=1))),
                      (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
                      (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})",
                       run_engine)):
         med, ts, out = timed(fn, mk, args.warmup, args.reps)
         res[name] = (med, out)
         print(f"  {name:70s}: {ntok / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
-    (old_med, old_out), (_, tight_out), (eng_med, eng_out) = res.values()
+    (old_med, old_out), (sync1_med, sync1_out), (_, tight_out), (eng_med, eng_out) = res.values()
     same = all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, eng_out)) and all(
-        np.array_equal(a, b) for a, b in zip(old_out.tokens, tight_out.tokens))
-    print(f"  engine / make-run generate: {old_med / eng_med:.2f}x   (samples identical, same per-sequence keys: {same})")
+        np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(old_out.tokens, tight_out.tokens, sync1_out.tokens))
+    print(f"  engine / make-run generate: {old_med / eng_med:.2f}x; engine / per-token-sync generate: "
+          f"{sync1_med / eng_med:.2f}x   (samples identical, same per-sequence keys: {same})")
+    if not args.skip_hf:
+        hf_med = hf_raw(c, params, args, mk)
+        print(f"  engine / HF generate: {hf_med / eng_med:.2f}x")
+
+
+def hf_raw(c, params, args, mk):
+    """The raw workload through Hugging Face `generate` (DeepseekV3, PyTorch eager, its KV cache) with
+    the same weights (`benchmarks/sampling.py`'s export): prompts left-padded with an attention mask,
+    sampled at temperature 1. Returns the median seconds per call."""
+    torch = sampling.hf_torch(0)
+    model = sampling.hf_model(params, c.model)
+
+    def left_padded(r):
+        p = mk(r)
+        width = max(len(x) for x in p)
+        ids = torch.zeros((len(p), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, x in enumerate(p):
+            ids[i, width - len(x):] = torch.from_numpy(x.astype(np.int64))
+            mask[i, width - len(x):] = 1
+        return ids, mask
+
+    med, ts, _ = timed(lambda im: sampling.hf_generate(model, im[0], args.new, sample=True, attention_mask=im[1]),
+                       left_padded, args.warmup, args.reps)
+    name = f"HF generate (DeepseekV3, torch {torch.get_num_threads()} threads, sampled)"
+    print(f"  {name:70s}: {args.batch * args.new / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
+    return med
 
 
 def staggered(c, params, args):
@@ -197,11 +238,11 @@ def multi_turn(c, params, args):
 
 def agent(c0, params, args):
     """Key-recall episodes (configs/selfsum_tiny.py's family and agent) through `run_episodes`, lockstep
-    (`sampler.make_policy`) vs independent (`engine.EnginePolicy`), per context strategy. The weights
+    (one `sampler.generate` call per round) vs independent (`engine.EnginePolicy`), per context strategy. The weights
     are untrained (`--agent-params` is not loaded here): turns are malformed calls answered by the
     parse-error observation, so each episode runs `--agent-turns` turns and, past the trigger, the
     strategy's rewrite; what is measured is the loop: rollout wall time, prefill tokens, generated tokens."""
-    from horizon.agent import run_episodes
+    from horizon.agent import Generation, run_episodes
     from horizon.data.tokenizer import tokenizer_from_config
     from horizon.env.families import family_from_config, make_episode
     from horizon.sandbox.factory import open_sandbox
@@ -232,16 +273,19 @@ def agent(c0, params, args):
                 return time.perf_counter() - t0, trajs
 
             holder = sampler.ParamsHolder(params)
-            inner = sampler.make_policy(holder, c, jax.random.key(0))
-            counted = {"prefill": 0}
+            counted = {"prefill": 0, "key": jax.random.key(0)}
+            skw = sampler.sampler_kwargs_from_config(c)
 
-            def old(contexts, max_new):
+            def old(contexts, max_new):     # the retired lockstep policy: one `generate` per round
                 counted["prefill"] += sum(len(x) for x in contexts)
-                return inner(contexts, max_new)
+                counted["key"], sub = jax.random.split(counted["key"])
+                out = sampler.generate(params, contexts, sub, cfg=c, max_new_tokens=max_new, **skw)
+                return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=0)
+                        for t, lp, ri in zip(out.tokens, out.logprobs, out.router_indices)]
 
             new = E.EnginePolicy(holder, c, jax.random.key(0))
             rows = []
-            for name, pol, pre in (("lockstep (make_policy)", old, lambda: counted["prefill"]),
+            for name, pol, pre in (("lockstep (generate)", old, lambda: counted["prefill"]),
                                    ("engine (EnginePolicy)", new, lambda: new.state["prefill_tokens"])):
                 for _ in range(args.warmup):
                     run(pol)
@@ -268,12 +312,13 @@ def main(argv=None):
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--obs", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", nargs="+", default=["raw", "staggered", "multi_turn", "agent"])
     ap.add_argument("--backend", default="local", choices=("local", "docker"), help="agent workload sandboxes")
     ap.add_argument("--strategies", nargs="+", default=["self_summary", "sliding_window"])
     ap.add_argument("--agent-turns", type=int, default=4)
+    ap.add_argument("--skip-hf", action="store_true", help="no Hugging Face generate column in the raw workload")
     args = ap.parse_args(argv)
     if min(args.batch, args.new, args.stream, args.episodes, args.group, args.turns, args.reps, args.warmup) < 1:
         ap.error("sizes, --reps and --warmup must be >= 1 (the warm-up absorbs compilation)")

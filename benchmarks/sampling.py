@@ -38,6 +38,38 @@ def timed(fn, warmup: int, reps: int):
     return out, times
 
 
+def hf_torch(seed: int):
+    """torch, seeded (imported on demand: only the HF columns need it)."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch
+
+
+def hf_model(params: dict, m):
+    """horizon `params` (model config `m`) exported with `hf_import.export_hf_checkpoint` and loaded
+    as Hugging Face `DeepseekV3ForCausalLM` (float32, eval mode): the same weights on the HF side."""
+    import torch
+    import transformers
+
+    with tempfile.TemporaryDirectory() as d:
+        hf_import.export_hf_checkpoint(params, m, d)
+        model = transformers.DeepseekV3ForCausalLM.from_pretrained(d, dtype=torch.float32)
+    return model.eval()
+
+
+def hf_generate(model, ids, new: int, *, sample: bool, attention_mask=None, pad_id: int = 0):
+    """HF `generate` of exactly `new` tokens per row of `ids` [b, p] (left-padded when
+    `attention_mask` marks pads), greedy or sampled at temperature 1, top_p 1; no stop token."""
+    import torch
+
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+    kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                              eos_token_id=None, pad_token_id=pad_id, **kw)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=2)
@@ -78,20 +110,12 @@ def main(argv=None):
     print(f"tokens identical across sync_tokens values: {same}")
     if args.skip_hf:
         return
-    import torch
-    import transformers
-
-    torch.manual_seed(args.seed)
-    with tempfile.TemporaryDirectory() as d:
-        hf_import.export_hf_checkpoint(params, m, d)
-        model = transformers.DeepseekV3ForCausalLM.from_pretrained(d, dtype=torch.float32)
-    model.eval()
+    torch = hf_torch(args.seed)
+    model = hf_model(params, m)
     ids = torch.from_numpy(prompts).long()
 
     def run_hf():
-        with torch.no_grad():
-            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
-                                  min_new_tokens=args.new, do_sample=False, eos_token_id=None, pad_token_id=0)
+        return hf_generate(model, ids, args.new, sample=False)
 
     hout, ht = timed(run_hf, args.warmup, args.reps)
     h_med = statistics.median(ht)

@@ -44,7 +44,7 @@ def agent_config() -> ml_collections.ConfigDict:
     a.max_malformed_calls = 3         # episode ends when this many turns failed to parse
     a.max_steps = 0                   # driver rounds before "max_steps" ends an episode; 0 = derived from the two
     #                                   above (horizon.agent.rollout.episode_step_limit)
-    a.num_tool_workers = 8            # threads executing tool calls of a lockstep batch
+    a.num_tool_workers = 8            # threads executing tool calls (run_episodes' pool, both schedules)
     a.include_file_listing = True     # the task message shows the top of the workspace tree
     a.file_listing_max_bytes = 1024
     a.tool_sets = ml_collections.ConfigDict(dict(

@@ -18,9 +18,11 @@ from horizon.utils.config import sibling_config
 
 def eval_section(exp: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     e = ml_collections.ConfigDict()
-    e.task_source = "synthetic"      # "synthetic" (the config-edit family) | "envs" (load_tasks(tasks_root))
+    e.task_source = "synthetic"      # "synthetic" (the config-edit family) | "envs" (load_tasks(tasks_root)) |
+    #                                  "swebench" (a SWE-bench JSONL at task_path, e.g. runs/swegen/heldout.jsonl)
     e.task_split = "heldout"         # synthetic: "train" | "heldout" seeds; envs: split filter ("" = all)
-    e.num_tasks = 32                 # synthetic: number of seeds; envs: first N tasks (0 = all)
+    e.num_tasks = 32                 # synthetic: number of seeds; envs / swebench: first N tasks (0 = all)
+    e.task_path = ""                 # swebench: the task set (SWE-bench JSONL with image tags; envs/build_repo_images.py)
     e.task_start = 0                 # synthetic: offset inside the split's seed range
     e.task_options = ml_collections.ConfigDict(exp.task.to_dict())   # synthetic: the RL run's task options
     e.tasks_root = "envs/tasks"
@@ -30,14 +32,15 @@ def eval_section(exp: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     e.num_passes = 4                 # N samples per task -> mean accuracy and best-of-K, K = 1..N
     e.success_threshold = 1.0        # a pass counts as solved for best-of-K iff reward >= this
     e.backend = "docker"             # "docker" | "local" (unisolated; tests/dev only)
-    e.max_parallel = 16              # episodes (= live sandboxes) per lockstep run_episodes batch
+    e.max_parallel = 16              # episodes (= live sandboxes) per run_episodes call
     e.verify_timeout_s = 60.0
     e.temperature = 1.0              # sampling for checkpoint policies (best-of-K needs > 0)
     e.top_p = 1.0
     e.output_dir = "runs/eval_tiny"  # records.jsonl, per_task.jsonl, summary.jsonl, results.md, best_of_k.png
     e.warmup = True                  # one untimed generation first, so latency_s excludes XLA compiles
     # "NAME=DIR": DIR holds orbax `state` (lm TrainState or rl RLState; `params` is used); an empty
-    # DIR = fresh init from c.seed (the untrained baseline). Order = table order.
+    # DIR = fresh init from c.seed (the untrained baseline); DIR "@gold" / "@empty" (swebench task sets): the
+    # gold-patch / empty policy (the sandbox starts patched / as is, the episode ends at once). Order = table order.
     e.checkpoints = ("untrained=", "sft=runs/rl_tiny/sft", "rl=runs/rl_tiny/ckpt")
     e.include_scripted = False       # add the scripted-solution policy as an upper-bound row
     return e
@@ -50,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = rl.model
     c.mesh = rl.mesh                                 # sampling runs sharded over it (SPEC §2)
     c.agent = rl.agent
-    c.rl = ml_collections.ConfigDict(dict(sampler=rl.rl.sampler))   # the RL run's sampler: the rollout engine
-    #                                                 (rl.sampler.engine); temperature / top_p come from `eval`
+    c.rl = ml_collections.ConfigDict(dict(sampler=rl.rl.sampler))   # the RL run's sampler: the rollout engine's
+    #                                                 sizes (rl.sampler.engine_*); temperature / top_p come from `eval`
     c.eval = eval_section(rl.exp)
     return c

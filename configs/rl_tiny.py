@@ -98,11 +98,13 @@ def get_config() -> ml_collections.ConfigDict:
 # ============================================================================= RL trainer block
 # Read by horizon.rl.rollout.sampler, horizon.rl.maths.{batch,trainer} and horizon.rl.runtime.{core,prompts}.
 def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
-    # --- sampler (horizon.rl.rollout.sampler.generate); logprobs are always the untempered model's
+    # --- sampling (the rollout engine below; the fixed-batch horizon.rl.rollout.sampler.generate of
+    #     benchmarks and tests reads the same section); logprobs are always the untempered model's
     r.sampler = ml_collections.ConfigDict(dict(
         temperature=1.0,          # 0 = greedy; != 1 makes samples off-policy w.r.t. the trained logprobs
         top_p=1.0,                # nucleus mass; 1 = full distribution
-        min_batch_bucket=1,       # compile-shape buckets (powers of two >= these)
+        min_batch_bucket=1,       # `generate`'s compile-shape buckets (powers of two >= these; the engine's
+        #                           are its engine_* fields)
         min_prompt_bucket=64,
         min_new_bucket=32,
         chunk_tokens=16,          # decode steps between weight polls (in-flight updates, SPEC §4.1; with
@@ -111,17 +113,22 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         sync_tokens=16,           # decode steps per device chunk / host sync (without in-flight polling;
         #                           with it, chunk_tokens); benchmarks/sampling.py measures the trade-off
         # --- rollout engine (horizon.rl.rollout.engine: continuous batching, KV reuse across turns,
-        #     shared prefixes; `EnginePolicy`). Cache budget = engine_slots x engine_max_len positions;
-        #     past it requests queue (FIFO) and idle episode caches are swapped out, then dropped
-        engine=True,              # the RL loops, async workers and evals sample through the engine
-        #                           (`engine.rollout_policy`); False = lockstep `generate`. A multi-device
-        #                           mesh always uses `generate` (its sharded placement)
-        engine_slots=32,          # decode slots (rows of the latent cache)
+        #     shared prefixes; `EnginePolicy`), through which the RL loops, async workers and evals
+        #     sample (`engine.rollout_policy`; sharded over a multi-device mesh). Cache budget =
+        #     engine_slots x engine_max_len positions; past it requests queue (FIFO) and idle episode
+        #     caches are swapped out, then dropped
+        engine_slots=32,          # decode slots (rows of the latent cache; on a mesh a multiple of its
+        #                           data*fsdp*expert ranks, over which the slot cache is split)
         engine_max_len=0,         # positions per slot; 0 = model.max_seq_len
         engine_prefill_chunk=64,  # max prefill tokens per row per call (long prompts: several chunks; 64 beat 128
         #                           on tiny: less padding, benchmarks/rollout_engine.py)
         engine_min_prefill_chunk=16,  # smallest prefill chunk (power-of-two compile buckets up to the max)
-        engine_min_window=64,     # smallest attention window (power-of-two compile buckets up to max_len)
+        engine_min_window=64,     # smallest attention window (compile buckets above it, up to max_len)
+        engine_window_per_octave=2,  # window buckets per doubling: 1 = powers of two; 2 adds the 1.5x midpoints
+        #                           (a window <= 1.5x the positions in use, for twice the compiles; measured in
+        #                           benchmarks/rollout_engine.py)
+        engine_min_reuse=16,      # shortest prefix hit copied from another slot / the swap store (a shorter one,
+        #                           e.g. two prompts sharing a first token, is prefilled: a copy would cost more)
         engine_park_tokens=-1,    # swap store for evicted idle episode caches, positions; -1 = slots x max_len
         engine_stop_slots=4,      # max stop ids per request (width of the on-device stop table)
         engine_refill_slots=4,    # while requests wait, a decode chunk ends once this many slots finished (their

@@ -4,70 +4,97 @@
 Per repository of envs/repos/manifest.toml (`horizon.tasks.repos`): fetch the pinned sdist with pip
 on the host (sha256-checked), commit it as a git repository, build `horizon-repo:<name>-<version>`
 FROM `horizon-sandbox:base` (labels: git tree hash, base image id; skipped when current), run the
-suite twice in it (flaky tests excluded; baseline.json, skipped when current). With --candidates N:
-validate N seeded mutation candidates per repository in Docker (`horizon.tasks.generate`; verdicts
-cached per candidate content hash, so a rebuild is incremental), build an image per kept instance
-(`horizon-swegen:<id>`), write SWE-bench JSONL (--out) and the per-repository report (--report).
-Build state lives in envs/.build/repos/ (gitignored). Never pulls.
+suite twice in it (flaky tests excluded; baseline.json, skipped when current). With
+`gen.n_candidates` > 0 (configs/swegen.py): map which tests run which function (one traced run,
+coverage.json), validate seeded mutation candidates in Docker with `gen.workers` containers
+(`horizon.tasks.generate`; verdicts cached per candidate content hash, so a rebuild is incremental),
+build an image per kept instance (`horizon-swegen:<id>`), and write `out_dir`/train.jsonl and
+heldout.jsonl (split by repository) and report.json. Never pulls. Wall time is printed.
 
-    python envs/build_repo_images.py                          # repository images + baselines only
-    python envs/build_repo_images.py parse six --candidates 40 --out runs/swegen/instances.jsonl
-    python envs/build_repo_images.py --force                  # rebuild images and baselines
+    python envs/build_repo_images.py                                            # images + baselines only
+    python envs/build_repo_images.py --config.repos='("parse","six")' --config.gen.n_candidates=40
+    python envs/build_repo_images.py --config.gen.n_candidates=40 --config.gen.n_features=8 \
+        --config.gen.n_combined=8            # the full set (docs/PERF.md, "Real-repository task generator")
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
 import time
 
-from horizon.sandbox.base import DEFAULT_BASE_IMAGE
 from horizon.tasks import generate, repos, swebench
 from horizon.tasks.task import TaskError
+from horizon.utils import cli
+from horizon.utils.config import ConfigError, need_int
+
+MANIFEST_HELDOUT = "__manifest__"
+
+
+def validate(c) -> None:
+    g = c.gen
+    for k in ("n_candidates", "n_features", "n_combined", "max_instances", "seed"):
+        need_int(g, k, "gen", lo=0)
+    need_int(g, "combine_size", "gen", lo=2)
+    need_int(g, "workers", "gen", lo=1)
+    need_int(c, "baseline_runs", "config", lo=1)
+    try:
+        specs = repos.select(repos.load_manifest(c.manifest or None), list(c.repos))
+        heldout_names(c)
+    except TaskError as e:
+        raise ConfigError(str(e)) from None
+    if not specs:
+        raise ConfigError("repos: selects no repository")
+
+
+def heldout_names(c) -> list[str]:
+    """The held-out repository names: the manifest's `heldout` list, or the config's."""
+    names = list(c.heldout)
+    if names == [MANIFEST_HELDOUT]:
+        return repos.manifest_heldout(c.manifest or None)
+    repos.select(repos.load_manifest(c.manifest or None), names)    # unknown names raise
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("names", nargs="*", help="repository names (default: all in the manifest)")
-    ap.add_argument("--manifest", default=None, help="default: envs/repos/manifest.toml")
-    ap.add_argument("--base-image", default=DEFAULT_BASE_IMAGE)
-    ap.add_argument("--force", action="store_true", help="rebuild repository images and baselines")
-    ap.add_argument("--candidates", type=int, default=0, help="mutation candidates per repository (0: images only)")
-    ap.add_argument("--max-instances", type=int, default=0, help="instances per repository (0: every kept one)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="runs/swegen/instances.jsonl")
-    ap.add_argument("--report", default=None, help="default: <out>.report.json")
-    args = ap.parse_args(argv)
-    try:
-        specs = repos.select(repos.load_manifest(args.manifest), args.names)
-    except TaskError as e:
-        print(e, file=sys.stderr)
-        return 2
+    c = cli.load(argv, default="configs/swegen.py", validate=validate, doc=__doc__, prog="envs/build_repo_images.py")
+    root = c.build_root or None
+    specs = repos.select(repos.load_manifest(c.manifest or None), list(c.repos))
+    heldout = set(heldout_names(c))
+    g = c.gen
+    opts = generate.GenOptions(n_candidates=int(g.n_candidates), n_features=int(g.n_features),
+                               n_combined=int(g.n_combined), combine_size=int(g.combine_size), seed=int(g.seed),
+                               max_instances=int(g.max_instances), workers=int(g.workers),
+                               select_tests=bool(g.select_tests))
     t0 = time.monotonic()
-    instances, reports = [], []
+    splits: dict[str, list] = {"train": [], "heldout": []}
+    reports = []
     for i, spec in enumerate(specs, 1):
         t1 = time.monotonic()
-        what, labels = repos.build_repo_image(spec, base_image=args.base_image, force=args.force)
-        base = repos.screen_suite(spec, labels, force=args.force)
+        what, labels = repos.build_repo_image(spec, root=root, base_image=c.base_image, force=bool(c.force))
+        base = repos.screen_suite(spec, labels, root=root, runs=int(c.baseline_runs), force=bool(c.force))
         print(f"[build_repo_images {i}/{len(specs)}] {spec.image}: {what}; {len(base['stable'])} stable tests, "
               f"{len(base['flaky'])} flaky, suite {base['suite_s']}s ({time.monotonic() - t1:.1f}s)", flush=True)
-        if args.candidates:
-            got, rep = generate.generate_repo(spec, base, n_candidates=args.candidates, seed=args.seed,
-                                              max_instances=args.max_instances, base_image=args.base_image)
-            instances += got
+        if opts.n_candidates or opts.n_features:
+            split = "heldout" if spec.name in heldout else "train"
+            got, rep = generate.generate_repo(spec, base, options=opts, root=root, base_image=c.base_image,
+                                              build_images=bool(c.build_images), split=split)
+            splits[split] += got
             reports.append(rep)
             print(f"[generate {spec.name}] {json.dumps(rep)}", flush=True)
-    if args.candidates:
-        out = pathlib.Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        swebench.write_jsonl(instances, out)
-        report = pathlib.Path(args.report or f"{out}.report.json")
-        report.write_text(json.dumps({"repos": reports, "instances": len(instances),
-                                      "seconds": round(time.monotonic() - t0, 1)}, indent=1) + "\n")
-        print(f"[build_repo_images] {len(instances)} instances -> {out}; report {report}", flush=True)
-    print(f"[build_repo_images] done: {len(specs)} repositories in {time.monotonic() - t0:.1f}s", flush=True)
+    if opts.n_candidates or opts.n_features:
+        out = pathlib.Path(c.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, insts in splits.items():
+            swebench.write_jsonl(insts, out / f"{name}.jsonl")
+        report = generate.set_report(reports, splits, seconds=time.monotonic() - t0)
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(generate.report_table(report), flush=True)
+        print(f"[build_repo_images] {report['instances']} instances from {report['repositories_with_instances']} "
+              f"repositories (train {len(splits['train'])}, heldout {len(splits['heldout'])}) -> {out}/"
+              "{train,heldout}.jsonl, report.json", flush=True)
+    print(f"[build_repo_images] done: {len(specs)} repositories in {time.monotonic() - t0:.1f}s wall", flush=True)
     return 0
 
 

@@ -3,9 +3,12 @@
     python experiments/eval.py --config=configs/eval_tiny.py
     python experiments/eval.py --config=configs/eval_tiny.py --config.eval.checkpoints='("rl=runs/rl_tiny/ckpt",)'
     python experiments/eval.py --config=configs/eval_tiny.py --config.eval.num_passes=8 --config.eval.backend=local
+    python experiments/eval.py --config=configs/eval_swegen.py --config.eval.task_path=runs/swegen/heldout.jsonl
 
 Compares every entry of `c.eval.checkpoints` ("NAME=DIR"; an empty DIR = untrained init) on the
-same tasks and passes. Writes to `c.eval.output_dir`:
+same tasks and passes ("NAME=@gold" / "NAME=@empty": the gold-patch and empty policies of a SWE-bench
+task set, `eval.setup.patch_policy`); the tables report success per repository too (SWE-bench tasks;
+other tasks by kind). Writes to `c.eval.output_dir`:
 records.jsonl (one line per episode), per_task.jsonl, summary.jsonl (one line per policy),
 results.md (the tables) and best_of_k.png (pass@K vs K per policy, mean accuracy dashed).
 """
@@ -23,7 +26,9 @@ import numpy as np
 from horizon.data.tokenizer import tokenizer_from_config
 from horizon.eval import EvalSetup, load_params, markdown_table, policy_from_params, run_eval, scripted_policy
 from horizon.eval import summarize, write_jsonl
-from horizon.eval.setup import build_tasks, checkpoint_list, registry_fn_for, system_prompt_for, validate_eval_config
+from horizon.eval.report import repo_rows
+from horizon.eval.setup import build_tasks, checkpoint_list, patch_policy, registry_fn_for, system_prompt_for, task_repo
+from horizon.eval.setup import validate_eval_config
 from horizon.model import hf_import
 from horizon.model.params import count_params
 from horizon.utils import cli
@@ -32,6 +37,9 @@ from horizon.utils.seeds import run_keys
 
 OVERALL_COLS = ("accuracy", "best_of_*", "completion_tokens", "tool_calls", "turns", "summaries", "latency_s",
                 "flops", "malformed_call_rate", "eager_edit_rate", "todo_completion_rate")
+
+
+REPO_COLS = ("policy", "repo", "tasks", "accuracy", "best_of_1")
 
 
 def load_config(argv=None):
@@ -74,14 +82,17 @@ def main(argv=None):
     keys = run_keys(c.seed)
     for i, (name, path) in enumerate(policies):
         t0 = time.time()
-        params, meta = load_params(path, c, keys["init"])
+        if path.startswith("@"):     # a patch policy (gold / empty): no model
+            pol, setup_i, meta = *patch_policy(path, tok, setup), {"policy": path}
+        else:
+            params, meta = load_params(path, c, keys["init"])
+            pol, setup_i = policy_from_params(params, c, jax.random.fold_in(keys["eval"], i),
+                                              temperature=float(e.temperature), top_p=float(e.top_p)), setup
+            if e.warmup:   # compile the sampler's shape buckets outside the timed episodes
+                ctx = np.asarray(tok.encode((setup.system_prompt or "") + tasks[0].prompt), np.int32)
+                pol([ctx] * min(len(tasks) * int(e.num_passes), int(e.max_parallel)), int(c.agent.max_new_tokens))
         sources[name] = meta
-        pol = policy_from_params(params, c, jax.random.fold_in(keys["eval"], i), temperature=float(e.temperature),
-                                 top_p=float(e.top_p))
-        if e.warmup:   # compile the sampler's shape buckets outside the timed episodes
-            ctx = np.asarray(tok.encode((setup.system_prompt or "") + tasks[0].prompt), np.int32)
-            pol([ctx] * min(len(tasks) * int(e.num_passes), int(e.max_parallel)), int(c.agent.max_new_tokens))
-        recs = run_eval(pol, tasks, setup, policy_name=name, log=lambda s: print(s, flush=True))
+        recs = run_eval(pol, tasks, setup_i, policy_name=name, log=lambda s: print(s, flush=True))
         rows, o = summarize(recs)
         o.update(checkpoint=path or "(init)", checkpoint_step=meta.get("step"), eval_wall_s=time.time() - t0)
         records += recs
@@ -93,9 +104,11 @@ def main(argv=None):
         records += recs
         per_task += rows
         overall.append(o)
+    per_repo = repo_rows(per_task, {t.id: task_repo(t) for t in tasks})
     write_jsonl(out / "records.jsonl", records)
     write_jsonl(out / "per_task.jsonl", per_task)
     write_jsonl(out / "summary.jsonl", overall)
+    write_jsonl(out / "per_repo.jsonl", per_repo)
     n = int(e.num_passes)
     cols = ["policy"] + [c2 for col in OVERALL_COLS for c2 in
                          ([f"best_of_{k}" for k in range(1, n + 1)] if col == "best_of_*" else [col])]
@@ -104,11 +117,14 @@ def main(argv=None):
     md = (f"# Eval: {len(tasks)} tasks ({e.task_source}/{e.task_split}) x {n} passes\n\n"
           f"Checkpoints: {json.dumps({k: v for k, v in policies})}. best_of_K = unbiased pass@K; flops = "
           f"2 x {active:,} active params x processed tokens (see horizon.eval.harness).\n\n"
-          + markdown_table(overall, cols) + "\n## Per task\n\n" + markdown_table(per_task, task_cols))
+          + markdown_table(overall, cols) + "\n## Per repository\n\n" + markdown_table(per_repo, REPO_COLS)
+          + "\n## Per task\n\n" + markdown_table(per_task, task_cols))
     (out / "results.md").write_text(md)
     best_of_k_plot(overall, out / "best_of_k.png")
     print("\n" + markdown_table(overall, cols))
-    print(f"files: {out}/{{records.jsonl, per_task.jsonl, summary.jsonl, results.md, best_of_k.png, config.json}}")
+    print("\n" + markdown_table(per_repo, REPO_COLS))
+    print(f"files: {out}/{{records.jsonl, per_task.jsonl, per_repo.jsonl, summary.jsonl, results.md, best_of_k.png, "
+          "config.json}")
     return overall
 
 

@@ -3,6 +3,7 @@
     python experiments/rl.py --config=configs/rl_tiny.py            # the demo (`make run`)
     python experiments/rl.py --config=configs/rl_tiny_bpe.py        # the same with a BPE tokenizer
     python experiments/rl.py --config=configs/rl_tiny.py --config.model.init_from=HF_CHECKPOINT_DIR
+    python experiments/rl.py --config=configs/rl_swegen.py    # a SWE-bench task set, exp.task.train_path (no SFT)
 
 Environment. A byte-level tiny model cannot solve the hand-written task set, so the demo
 trains on a procedurally generated family (`horizon.tasks.synthetic`): "In settings.py set
@@ -57,7 +58,7 @@ from horizon.utils.seeds import run_keys
 
 def load_config(argv=None):
     """The validated config of `argv` (exit 2 with one line on bad input)."""
-    return cli.load(argv, default="configs/rl_tiny.py", validate=lambda c: checks.validate_experiment(c, "config_edit"),
+    return cli.load(argv, default="configs/rl_tiny.py", validate=lambda c: checks.validate_experiment(c, ("config_edit", "swebench")),
                     derive=hf_import.apply_init_from, doc=__doc__, prog="experiments/rl.py")
 
 
@@ -106,8 +107,7 @@ def plot(records, path):
     ax.set_xlabel("RL step")
     ax.set_ylabel("reward / success")
     ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3), ax.legend(fontsize=8)
     ax.set_title("RL on synthetic config-edit tasks (Docker sandboxes, CPU)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -122,9 +122,9 @@ def main(argv=None):
     env = workers.family_env(c)
     print(f"{len(env.pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
     try:
-        params = loop.config_edit_warm_start(c, family, tok, out, log, keys["init"])
+        params = loop.warm_start(c, family, tok, out, log, keys["init"])
         heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
-        if not (out / "ckpt").is_dir():
+        if family.name != "swebench" and not (out / "ckpt").is_dir():
             t0 = time.time()
             chk = dict(sft_check(params, family, heldout, c, tok, keys["check"]), phase="sft_check")
             log(dict(chk, check_s=time.time() - t0))

@@ -57,7 +57,7 @@ def load_config(argv=None):
 
 
 def policy_fn(c):
-    """`loop.evaluate`'s policy: the rollout engine (or `generate`) at fold_in(eval key, step)."""
+    """`loop.evaluate`'s policy: the rollout engine at fold_in(eval key, step)."""
     key = run_keys(c.seed)["eval"]
     return lambda params, step: engine.rollout_policy(sampler.ParamsHolder(params, version=step), c,
                                                       jax.random.fold_in(key, step),

@@ -151,6 +151,26 @@ def test_group_prefills_its_prompt_once(setup):
     assert len({c.tokens.tobytes() for c in out}) > 1
 
 
+def test_short_prefix_hits_are_prefilled_not_copied(setup):
+    """`min_reuse`: a prompt sharing fewer tokens than it with another slot's cache prefills them (no
+    copy, no copy compile); a longer shared prefix is copied. The samples are the same either way."""
+    eng = _engine(setup, stop_tokens=(), min_reuse=8)
+    a = _prompts(1, 30, 31, seed=11)[0]
+    b = np.concatenate([a[:3], _prompts(1, 20, 21, seed=12)[0]])        # shares 3 tokens with a
+    c = np.concatenate([a[:12], _prompts(1, 20, 21, seed=13)[0]])       # shares 12 tokens with a
+    E.generate_requests(eng, [E.Request(a, _seq_key(0), 4, owner="a")])
+    (cb,) = E.generate_requests(eng, [E.Request(b, _seq_key(1), 4, owner="b")])
+    (cc,) = E.generate_requests(eng, [E.Request(c, _seq_key(2), 4, owner="c")])
+    assert (cb.reused_tokens, cb.prefill_tokens) == (0, len(b))
+    assert (cc.reused_tokens, cc.prefill_tokens) == (12, len(c) - 12)
+    for ctx, out, i in ((b, cb, 1), (c, cc, 2)):
+        np.testing.assert_array_equal(out.tokens, _generate_one(setup, ctx, i, 4).tokens[0])
+    with pytest.raises(ValueError, match="min_reuse"):
+        _engine(setup, min_reuse=0)
+    with pytest.raises(ValueError, match="window_per_octave"):
+        _engine(setup, window_per_octave=3)
+
+
 def test_queue_policy_swaps_idle_caches_out_and_back(setup):
     """More episodes than slots: a parked cache is swapped out when its slot is needed and swapped
     back for the owner's next turn (still prefilling only the new tokens)."""
@@ -283,20 +303,37 @@ def test_episode_samples_do_not_depend_on_scheduling(setup):
     np.testing.assert_array_equal(second_all[3], second_one[3])
 
 
-def test_rollout_policy_is_the_engine_unless_switched_off_or_sharded():
-    """The one switch (`rl.sampler.engine`): on = `EnginePolicy` (also for the eval config, which carries
-    the run's sampler section); off, a multi-device mesh, or no sampler section = lockstep `make_policy`."""
+def test_rollout_policy_is_always_the_engine():
+    """`rollout_policy` has no lockstep alternative: the RL and eval configs get an `EnginePolicy`
+    (the eval config carries the run's sampler section), a multi-device mesh one that runs sharded
+    (tests/rl/test_engine_mesh.py); a config without the engine's sizes is a one-line error."""
     from horizon.rl.rollout.sampler import ParamsHolder
 
-    c = load_config_file(ROOT / "configs" / "rl_tiny.py")
-    holder = ParamsHolder({})
-    assert E.uses_engine(c) and E.uses_engine(load_config_file(ROOT / "configs" / "eval_tiny.py"))
-    c.rl.sampler.engine = False
-    assert not E.uses_engine(c) and not isinstance(E.rollout_policy(holder, c, jax.random.key(0)), E.EnginePolicy)
-    c.rl.sampler.engine = True
-    c.mesh.preset = "dp8"
-    assert not E.uses_engine(c)
-    assert not E.uses_engine(ml_collections.ConfigDict(dict(model=c.model)))
+    assert not hasattr(E, "uses_engine") and not hasattr(sampler, "make_policy")
+    c = load_config_file(ROOT / "configs" / "eval_tiny.py")
+    c.rl.sampler.engine_slots = 8
+    pol = E.rollout_policy(ParamsHolder({}), c, jax.random.key(0))
+    assert isinstance(pol, E.EnginePolicy) and pol.engine.mesh is None and pol.engine.ec.slots == 8
+    with pytest.raises(ValueError, match="rl.sampler section"):
+        E.rollout_policy(ParamsHolder({}), ml_collections.ConfigDict(dict(model=c.model)), jax.random.key(0))
+
+
+def test_engine_policy_batched_call_equals_generate_and_swaps_weights(setup):
+    """``policy(contexts, max_new)`` (toy env groups, eval warm-up): row i samples what `generate`
+    samples for it with the call's key split, and a `ParamsHolder` update takes effect (new version)."""
+    mcfg, params, _ = setup
+    prompts = _prompts(3, seed=4)
+    holder = sampler.ParamsHolder(params)
+    policy = E.EnginePolicy(holder, mcfg, jax.random.key(0), engine=EC, stop_tokens=())
+    gens = policy(prompts, 8)
+    _, sub = jax.random.split(jax.random.key(0))            # the first call's key split
+    ref = sampler.generate(params, prompts, sub, cfg=mcfg, max_new_tokens=8, stop_tokens=(), **GEN)
+    for g, t, lp in zip(gens, ref.tokens, ref.logprobs):
+        np.testing.assert_array_equal(g.tokens, t)
+        np.testing.assert_allclose(g.logprobs, lp, rtol=0, atol=ATOL)
+        assert (g.policy_version == 0).all() and g.router_indices.shape[1] == len(g.tokens)
+    assert holder.update(jax.tree.map(lambda x: x * 1.5, params)) == 1
+    assert all((g.policy_version == 1).all() for g in policy(prompts, 8))
 
 
 def test_eval_harness_drives_the_engine_stream_and_stamps_latency():

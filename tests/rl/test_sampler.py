@@ -150,23 +150,7 @@ def test_bad_inputs_raise(setup):
 def test_bucket():
     assert [sampler.bucket(n, 16) for n in (1, 16, 17, 33)] == [16, 16, 32, 64]
     assert sampler.bucket(3, 1) == 4
-
-
-def test_make_policy_matches_agent_interface_and_swaps_weights(setup, greedy):
-    from horizon.agent import Generation
-
-    mcfg, params, prompts, _ = setup
-    holder = sampler.ParamsHolder(params)
-    policy = sampler.make_policy(holder, mcfg, jax.random.key(0), temperature=0.0, stop_tokens=())
-    gens = policy(prompts, 8)
-    assert all(isinstance(g, Generation) for g in gens) and [g.policy_version for g in gens] == [0, 0, 0]
-    for g, ref in zip(gens, greedy.tokens):
-        np.testing.assert_array_equal(g.tokens, ref)
-        assert g.router_indices.shape[1] == len(g.tokens) == len(g.logprobs)
-    # swap in other weights: next call uses them and reports the new version
-    other = jax.tree.map(lambda x: x * 1.5, params)
-    assert holder.update(other) == 1
-    gens2 = policy(prompts, 8)
-    assert [g.policy_version for g in gens2] == [1, 1, 1]
-    assert any((a.tokens != b.tokens).any() or not np.allclose(a.logprobs, b.logprobs)
-               for a, b in zip(gens, gens2))
+    # two buckets per octave (the engine's attention windows): powers of two and their 1.5x midpoints
+    assert [sampler.bucket(n, 64, per_octave=2) for n in (1, 64, 65, 97, 129, 193, 300)] == [64, 64, 96, 128, 192, 256, 384]
+    with pytest.raises(ValueError, match="per_octave"):
+        sampler.bucket(5, 1, per_octave=3)

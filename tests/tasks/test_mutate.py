@@ -108,3 +108,46 @@ def test_errors():
         mutate.mutate("x = 'a'\n", 0)
     with pytest.raises(mutate.MutationError, match="unknown mutation kind"):
         mutate.candidates(MODULE, kinds=["nope"])
+
+
+def _apply_patch(tmp_path, before, patch, path="pkg/mod.py"):
+    f = tmp_path / path
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(before)
+    (tmp_path / "p.diff").write_text(patch)
+    subprocess.run(["git", "apply", "p.diff"], cwd=tmp_path, check=True, capture_output=True)
+    return f.read_text()
+
+
+def test_feature_deletion_keeps_docstring_and_inverts(tmp_path):
+    src = MODULE.replace("def scale(values, factor=1.5, strict=True):\n",
+                         'def scale(values, factor=1.5, strict=True):\n    """Sum of values times factor."""\n')
+    got = {m.function: m for m in mutate.feature_deletions(src, "pkg/mod.py")}
+    assert set(got) == {"clamp", "window", "scale"} and all(m.kind == mutate.FEATURE_KIND for m in got.values())
+    m = got["scale"]
+    assert '    """Sum of values times factor."""\n    raise NotImplementedError\n' in m.source
+    assert "total += v * factor" not in m.source and "def clamp(x, lo, hi):\n    # keep x" in m.source
+    compile(m.source, "m", "exec")
+    assert _apply_patch(tmp_path, m.source, m.gold_patch) == src
+    assert mutate.function_key(src, m.line + 3) == ("scale", m.line)
+
+
+def test_combine_applies_all_and_inverts(tmp_path):
+    ms = {m.description: m for m in mutate.candidates(MODULE, "pkg/mod.py")}
+    a, b = ms["'<' -> '<='"], ms["'and' -> 'or'"]
+    c = mutate.combine([a, b])
+    assert c.kind == mutate.COMBINED_KIND and "x <= lo" in c.source and "] or n > 0" in c.source
+    assert c.source.count("\n") == MODULE.count("\n") and c.bug_patch.count("@@ ") == 2
+    assert _apply_patch(tmp_path, c.source, c.gold_patch) == MODULE
+    same_line = [m for m in ms.values() if m.line == a.line and m is not a][0]
+    with pytest.raises(mutate.MutationError):
+        mutate.combine([a, same_line])
+    with pytest.raises(mutate.MutationError):
+        mutate.combine([a])
+
+
+def test_sample_is_lazy_subset_of_candidates():
+    every = {(m.kind, m.source) for m in mutate.candidates(MODULE, "m.py")}
+    got = mutate.sample(MODULE, 7, 3, "m.py")
+    assert len(got) == 7 and {(m.kind, m.source) for m in got} <= every
+    assert [m.source for m in mutate.sample(MODULE, 7, 3, "m.py")] == [m.source for m in got]

@@ -351,14 +351,14 @@ def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int 
 
     * **lockstep** (a batched ``policy(contexts, max_new)``): each round, one policy call per
       distinct generation limit over every active episode, then all tool calls (in
-      `num_tool_workers` threads); the slowest episode gates the round. What `sampler.make_policy`
-      (a run on a multi-device mesh, or `rl.sampler.engine=False`) and scripted policies get.
+      `num_tool_workers` threads); the slowest episode gates the round. What scripted policies (SFT
+      demonstrators, `eval.harness.scripted_policy`) and other plain callables get.
     * **independent** (a policy with ``stream()``, `horizon.rl.rollout.engine.EnginePolicy`): every
       episode's turn is submitted as soon as its previous tool call returned; the stream's
       ``advance()`` (one engine round-trip) hands back finished generations, whose tool calls run at
       once in a bounded pool of `num_tool_workers` threads while the engine decodes the others;
       a finished episode's cache is released (`_run_independent`). What every RL and eval caller
-      gets by default (`horizon.rl.rollout.engine.rollout_policy`).
+      gets (`horizon.rl.rollout.engine.rollout_policy`, on one device or a mesh).
     """
     if max_steps is None:
         max_steps = max((episode_step_limit(e.cfg) for e in episodes), default=0)

@@ -17,18 +17,28 @@ demonstrations for the SFT warm start. Two families exist:
   needs >= 2 summaries and a summary must carry forward what an earlier one held; the same
   demonstrator (it writes every key the context holds).
 
+- ``swebench`` (`horizon.tasks.swebench`): a SWE-bench JSONL task set (e.g. the generator's
+  runs/swegen/train.jsonl and heldout.jsonl: `exp.task.train_path`, `exp.task.heldout_path`); train
+  seeds index the train file (wrapping: epochs), held-out seeds the held-out file. Each task runs in
+  its own prepared image (`Family.image_of`: the pool reopens a box whose image differs), reset
+  = the tree back to the image's commit; the agent's built-in tools and system prompt; graded per
+  test (`swebench.grade`). No demonstrations: start RL from a checkpoint (`model.init_from`).
+
 `family_from_config(c.exp)` builds one from an experiment config (`exp.env`, `exp.task`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
+from horizon.sandbox.base import WORKSPACE
 from horizon.tasks import key_recall, synthetic
 from horizon.tasks.task import Task
 
-FAMILIES = ("config_edit", "key_recall", "key_relay")
+FAMILIES = ("config_edit", "key_recall", "key_relay", "swebench")
+HELDOUT_SEED_BASE = 1 << 30          # swebench: seeds >= this index the held-out file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,13 +49,53 @@ class Family:
     seeds: Callable[[str, int, int], list[int]]             # (split, n, start) -> seeds
     registry: Callable[[bool], object]                      # strict -> ToolRegistry
     check_edits: bool = True                                # verifier's eager-edit check (answer tasks)
+    image_of: Callable[[Task], str] | None = None           # per-task sandbox image (None: the pool's image)
+    reset_fn: Callable | None = None                        # (sandbox, task) -> None; None = synthetic's
 
     def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
         return [self.make_task(s) for s in self.seeds(split, n, start)]
 
     def reset(self, sandbox, task: Task) -> None:
         """Put a pooled sandbox into `task`'s initial state (one exec)."""
-        synthetic.reset_sandbox(sandbox, task)
+        (self.reset_fn or synthetic.reset_sandbox)(sandbox, task)
+
+
+@functools.lru_cache(maxsize=8)
+def _swebench_tasks(path: str) -> tuple[Task, ...]:
+    from horizon.tasks.swebench import load_swebench
+
+    return tuple(load_swebench(path))
+
+
+def swebench_reset(sandbox, task: Task, timeout: float = 60.0) -> None:
+    """A pooled box of the task's prepared image back to the image's commit (one exec)."""
+    if not task.metadata.get("prepared_image"):
+        raise ValueError(f"swebench family: task {task.id} has no prepared image")
+    r = sandbox.exec("git checkout -q -f HEAD -- . && git clean -fdxq", timeout=timeout, workdir=WORKSPACE)
+    if r.exit_code != 0:
+        raise RuntimeError(f"resetting sandbox for {task.id} failed (exit {r.exit_code}): {r.output[-300:]}")
+
+
+def swebench_family(t) -> Family:
+    """The ``swebench`` family over `t.train_path` / `t.heldout_path` (module docstring)."""
+    from horizon.tools.builtin import make_registry
+
+    train = _swebench_tasks(str(t.train_path))
+    heldout = _swebench_tasks(str(t.heldout_path)) if t.get("heldout_path") else ()
+    if not train:
+        raise ValueError(f"exp.task.train_path={t.train_path!r}: no instances")
+    if any(not x.image for x in train + heldout):
+        raise ValueError("swebench family: every instance needs an image tag (envs/build_repo_images.py writes them)")
+
+    def seeds(split, n, start=0):
+        if split == "heldout":
+            return [HELDOUT_SEED_BASE + i for i in range(int(start), min(int(start) + int(n), len(heldout)))]
+        return list(range(int(start), int(start) + int(n)))
+
+    def make(seed):
+        return heldout[seed - HELDOUT_SEED_BASE] if seed >= HELDOUT_SEED_BASE else train[seed % len(train)]
+    return Family("swebench", "", make, seeds, lambda strict: make_registry(None, strict=strict),
+                  image_of=lambda task: task.image, reset_fn=swebench_reset)
 
 
 def family_from_config(e) -> Family:
@@ -68,6 +118,8 @@ def family_from_config(e) -> Family:
         # the env's only tool reads: no edit is possible, so the eager-edit check is skipped
         return Family(e.env, key_recall.SYSTEM_PROMPT, make, key_recall.key_recall_seeds,
                       key_recall.key_recall_registry, check_edits=False)
+    if e.env == "swebench":
+        return swebench_family(t)
     raise ValueError(f"exp.env must be one of {FAMILIES}, got {e.env!r}")
 
 
@@ -76,5 +128,6 @@ def make_episode(family: Family, task: Task, sandbox, tok, agent_cfg):
     from horizon.agent import Episode, Message
 
     ep = Episode(task, sandbox, family.registry(bool(agent_cfg.strict_tools)), tok, agent_cfg)
-    ep.messages[0] = Message("system", family.system_prompt, kind="system")
+    if family.system_prompt:        # "" = the agent's own system prompt
+        ep.messages[0] = Message("system", family.system_prompt, kind="system")
     return ep

@@ -55,11 +55,13 @@ class SandboxPool:
             # killed rollout worker) would hold memory and disk for the rest of the run
             if n_dead := cleanup_leaked(only_dead_owners=True):
                 print(f"[pool] removed {n_dead} sandbox(es) left by dead processes", file=sys.stderr, flush=True)
-        self._open = lambda: open_sandbox(backend, image, **limits)
-        self.counters = {"sandboxes_replaced": 0}
+        self.image = image
+        self._open = lambda img=None: open_sandbox(backend, img or image, **limits)
+        self.counters = {"sandboxes_replaced": 0, "image_switches": 0}
         self._lock = threading.Lock()
         with ThreadPoolExecutor(self.workers) as ex:
             self.boxes = list(ex.map(lambda _: self._open(), range(int(n))))
+        self.images = [image] * len(self.boxes)   # each box's image (a family with per-task images switches them)
 
     @classmethod
     def from_config(cls, c, n: int | None = None) -> "SandboxPool":
@@ -72,23 +74,30 @@ class SandboxPool:
         with ThreadPoolExecutor(self.workers) as ex:
             return list(ex.map(fn, *its))
 
-    def replace(self, i: int, why: str) -> None:
-        """Close box `i` (whatever state it is in) and put a fresh sandbox in its place."""
+    def replace(self, i: int, why: str, image: str | None = None) -> None:
+        """Close box `i` (whatever state it is in) and put a fresh sandbox (of `image`, default the
+        box's current one) in its place. `why` None: an image switch, not a failure."""
         old = self.boxes[i]
         try:
             old.close()
         except SandboxError as e:       # a dead box may fail to close cleanly: it is gone either way
             print(f"[pool] closing sandbox {i} failed ({e}); replacing it anyway", file=sys.stderr, flush=True)
-        self.boxes[i] = self._open()
+        image = image or self.images[i]
+        self.boxes[i] = self._open(image)
+        self.images[i] = image
         with self._lock:
-            self.counters["sandboxes_replaced"] += 1
-        print(f"[pool] sandbox {i} replaced: {why[:200]}", file=sys.stderr, flush=True)
+            self.counters["sandboxes_replaced" if why is not None else "image_switches"] += 1
+        if why is not None:
+            print(f"[pool] sandbox {i} replaced: {why[:200]}", file=sys.stderr, flush=True)
 
-    def ready(self, i: int, reset: Callable) -> object:
-        """Box `i` made ready for an episode: `prepare()` (leftover agent processes killed, health
-        checked), then `reset(box)` (the task's initial state). Any failure there is the box's, not
-        an episode's: it is replaced and the reset retried, up to `replace_attempts` fresh boxes;
-        then `SandboxInfraError` (the engine itself is failing)."""
+    def ready(self, i: int, reset: Callable, image: str | None = None) -> object:
+        """Box `i` made ready for an episode: reopened on `image` if given and different (a family
+        with per-task images), `prepare()` (leftover agent processes killed, health checked), then
+        `reset(box)` (the task's initial state). Any failure there is the box's, not an episode's:
+        it is replaced and the reset retried, up to `replace_attempts` fresh boxes; then
+        `SandboxInfraError` (the engine itself is failing)."""
+        if image is not None and self.image is not None and image != self.images[i]:
+            self.replace(i, None, image)
         last = None
         for attempt in range(self.replace_attempts + 1):
             if attempt:
@@ -119,6 +128,11 @@ def trim_segment(seg: Segment) -> Segment:
     return Segment(seg.tokens[:n], seg.loss_mask[:n], seg.logprobs[:n], seg.policy_versions[:n], ri)
 
 
+def task_image(family: Family, task) -> str | None:
+    """The image `task`'s episode needs (families with per-task images), else None (the pool's)."""
+    return family.image_of(task) if family.image_of is not None else None
+
+
 def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
     """One episode per task (len(tasks) <= pool size) -> (trajectories, rewards, infos).
     An infrastructure failure (module docstring) gets reward 0.0 and `info["infra"] = True` with
@@ -126,7 +140,8 @@ def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
     if len(tasks) > len(pool.boxes):
         raise ValueError(f"{len(tasks)} tasks for a pool of {len(pool.boxes)} sandboxes")
     n = len(tasks)
-    boxes = pool.map(lambda i, t: pool.ready(i, lambda sb: family.reset(sb, t)), range(n), tasks)
+    boxes = pool.map(lambda i, t: pool.ready(i, lambda sb: family.reset(sb, t), task_image(family, t)),
+                     range(n), tasks)
     eps = [make_episode(family, t, sb, tok, c.agent) for t, sb in zip(tasks, boxes)]
     trajs = run_episodes(policy, eps, num_tool_workers=pool.workers)
     for tr in trajs:
@@ -230,7 +245,7 @@ class ExperimentEnv:
 
         def lend(task):
             i = free.get_nowait()       # the harness never opens more than max_parallel = the pool's size
-            sb = pool.ready(i, lambda b: fam.reset(b, task))
+            sb = pool.ready(i, lambda b: fam.reset(b, task), task_image(fam, task))
             lent[id(sb)] = i
             return sb
 

@@ -2,8 +2,8 @@
 
 For every (task, pass) an `Episode` runs in its own fresh sandbox; up to `max_parallel` episodes
 are driven together by `horizon.agent.run_episodes` (independently through the rollout engine's
-stream when the policy has one, `policy_from_params`; else in lockstep, one batched policy call per
-step), their sandboxes are opened / verified / closed from a thread pool. Per episode we record reward, the
+stream when the policy has one, `policy_from_params`; else, e.g. a scripted policy, in lockstep, one
+batched policy call per step), their sandboxes are opened / verified / closed from a thread pool. Per episode we record reward, the
 agent's stats (STATS_KEYS), completion tokens, end-to-end latency, inference-cost estimate and
 behaviour flags; `summarize` turns the records into per-task and overall tables.
 
@@ -64,9 +64,8 @@ def inference_flops(active_params: int, tokens: int) -> float:
 
 # ------------------------------------------------------------------------------------ policies
 def policy_from_params(params: dict, cfg, key, **sampler_overrides) -> Policy:
-    """Sampling policy over an in-memory param tree (`horizon.rl.rollout.engine.rollout_policy`: the
-    rollout engine when `cfg.rl.sampler.engine` is on and no mesh is configured, else lockstep
-    `sampler.make_policy`)."""
+    """Sampling policy over an in-memory param tree: the rollout engine
+    (`horizon.rl.rollout.engine.rollout_policy`; sharded over `cfg`'s mesh if it has several devices)."""
     from horizon.rl.rollout.engine import rollout_policy
     from horizon.rl.rollout.sampler import ParamsHolder
 

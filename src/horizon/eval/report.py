@@ -148,3 +148,13 @@ def reward_at(times, rewards, t: float, w: int) -> float | None:
     s = smooth(rewards, w)
     idx = [i for i, ti in enumerate(times) if ti <= t]
     return float(s[idx[-1]]) if idx else None
+
+
+def repo_rows(per_task: Sequence[dict], repo_of: dict[str, str]) -> list[dict]:
+    """Per (policy, repository): tasks and mean accuracy / best_of_1 over its tasks (success per
+    repository; `repo_of` maps task ids to repositories, a task missing there counts under its kind)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in per_task:
+        groups.setdefault((r["policy"], repo_of.get(r["task_id"], r["kind"])), []).append(r)
+    return [dict(policy=p, repo=repo, tasks=len(rs), accuracy=float(np.mean([r["accuracy"] for r in rs])),
+                 best_of_1=float(np.mean([r["best_of_1"] for r in rs]))) for (p, repo), rs in groups.items()]

@@ -29,7 +29,50 @@ def build_tasks(e):
                 raise ConfigError(f"eval.task_ids: unknown task ids {missing} in {e.tasks_root}")
             return [by_id[i] for i in e.task_ids]
         return tasks[: int(e.num_tasks)] if int(e.num_tasks) > 0 else tasks
-    raise ConfigError(f"eval.task_source={e.task_source!r}: must be 'synthetic' or 'envs'")
+    if e.task_source == "swebench":
+        from horizon.tasks.swebench import load_swebench
+        tasks = load_swebench(str(e.task_path))
+        return tasks[: int(e.num_tasks)] if int(e.num_tasks) > 0 else tasks
+    raise ConfigError(f"eval.task_source={e.task_source!r}: must be 'synthetic', 'envs' or 'swebench'")
+
+
+# Patch policies (`eval.checkpoints` entries "NAME=@gold" / "NAME=@empty", task sets whose tasks carry
+# a gold patch: SWE-bench): the episode's sandbox starts with the task's gold patch applied (@gold)
+# or as is (@empty), and the policy ends the episode at once; the verifier grades the result.
+PATCH_POLICIES = ("@gold", "@empty")
+
+
+def patch_policy(kind: str, tokenizer, setup):
+    """(policy, setup) of a patch policy: the policy answers `<final>` at once; the returned setup
+    opens each task's sandbox as `setup` does and, for @gold, applies the task's gold patch."""
+    import dataclasses
+
+    from horizon.tasks import open_task_sandbox
+
+    from horizon.agent.scripted import ScriptedPolicy
+    from horizon.tools.format import render_final
+
+    if kind not in PATCH_POLICIES:
+        raise ConfigError(f"eval.checkpoints: unknown patch policy {kind!r} (one of {PATCH_POLICIES})")
+    pol = ScriptedPolicy({"": [render_final("Done.")]}, tokenizer)
+
+    base_open = setup.open_fn or (lambda t: open_task_sandbox(t, backend=setup.backend))
+
+    def open_patched(task):
+        sb = base_open(task)
+        if kind == "@gold":
+            from horizon.tasks.swebench import apply_patch
+            r = apply_patch(sb, task.metadata["patch"])
+            if not r.ok:
+                sb.close()
+                raise RuntimeError(f"{task.id}: the gold patch does not apply: {r.output[-300:]}")
+        return sb
+    return pol, dataclasses.replace(setup, open_fn=open_patched)
+
+
+def task_repo(task) -> str:
+    """The repository a task comes from (SWE-bench tasks: metadata["repo"]; others: their kind)."""
+    return str((task.metadata or {}).get("repo") or task.kind)
 
 
 def registry_fn_for(c):
@@ -83,11 +126,11 @@ def validate_eval_config(c) -> None:
 
         validate_engine(c)
     e = c.eval
-    need_choice(e, "task_source", "eval", ("synthetic", "envs"))
+    need_choice(e, "task_source", "eval", ("synthetic", "envs", "swebench"))
     need_choice(e, "backend", "eval", ("docker", "local"))
     need_int(e, "num_passes", "eval", lo=1)
     need_int(e, "max_parallel", "eval", lo=1)
-    need_int(e, "num_tasks", "eval", lo=0 if e.task_source == "envs" else 1)
+    need_int(e, "num_tasks", "eval", lo=0 if e.task_source in ("envs", "swebench") else 1)
     need_int(e, "task_start", "eval", lo=0)
     need_float(e, "verify_timeout_s", "eval", 0.0, lo_open=True)
     need_float(e, "success_threshold", "eval", 0.0, 1.0)
@@ -96,6 +139,9 @@ def validate_eval_config(c) -> None:
     need(bool(str(e.output_dir)), "eval.output_dir", e.output_dir, "must name a directory")
     if e.task_source == "envs":
         need(pathlib.Path(str(e.tasks_root)).is_dir(), "eval.tasks_root", e.tasks_root, "no such directory")
+    if e.task_source == "swebench":
+        need(pathlib.Path(str(e.task_path)).is_file(), "eval.task_path", e.task_path,
+             "no such SWE-bench JSONL file (envs/build_repo_images.py writes runs/swegen/heldout.jsonl)")
     try:
         tasks = build_tasks(e)
     except ConfigError:
@@ -109,5 +155,10 @@ def validate_eval_config(c) -> None:
     need(len(entries) > 0 or bool(e.include_scripted), "eval.checkpoints", e.checkpoints,
          "must name at least one policy (or set eval.include_scripted)")
     for name, path in entries:
+        if path.startswith("@"):
+            need(path in PATCH_POLICIES, f"eval.checkpoints[{name}]", path, f"patch policies are {PATCH_POLICIES}")
+            need(all("patch" in (t.metadata or {}) for t in tasks), f"eval.checkpoints[{name}]", path,
+                 "patch policies need tasks with a gold patch (eval.task_source='swebench')")
+            continue
         need(not path or pathlib.Path(path).is_dir(), f"eval.checkpoints[{name}]", path,
              "no such checkpoint directory (run `make run` first, or leave DIR empty for the untrained init)")

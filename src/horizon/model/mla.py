@@ -200,6 +200,9 @@ def attention_decode(
     mask = (jnp.arange(max_len)[None, None, :] <= positions[:, :, None])[:, None]  # [b,1,t,S]
     scores = jnp.where(mask, (scores * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    o_lat = jnp.einsum("bhts,bsc->bthc", probs, c_all)
+    # probs as the left operand, contracting its minor dim against the cache's row dim: the
+    # orientation XLA:CPU runs as one fused batched GEMM; the einsum order ("bhts,bsc->bthc") put
+    # the cache first with a non-minor contraction and ran ~4x slower (benchmarks/rollout_engine.py).
+    o_lat = jnp.moveaxis(jax.lax.dot_general(probs, c_all, (((3,), (1,)), ((0,), (0,)))), 1, 2)  # [b,t,h,c]
     out = jnp.einsum("bthc,chv->bthv", o_lat, w_uv).reshape(b, t, H * v)  # absorb W_uv after the sum
     return out @ p["wo"].astype(dt), cache

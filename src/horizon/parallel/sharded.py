@@ -170,28 +170,61 @@ def place_params(params: Any, cfg: ml_collections.ConfigDict, mesh) -> Any:
     return jax.device_put(params, pmesh.param_shardings(params, cfg, mesh))
 
 
+def sampling_cache_spec(shape: tuple[int, ...], mesh) -> P:
+    """The sampling layout of a latent-cache leaf ``[L, b, slots, r]``: its batch dim 1 split over the
+    batch axes, its latent dim ``r`` also over ``context`` (when it divides), which is the layout GSPMD
+    gives the decode step's updated cache, so a donated cache keeps one layout across steps and the
+    context devices hold no replicas of it (`sampling_placer`, the rollout engine's slot cache)."""
+    ncp = mesh.shape[pmesh.SEQ_AXIS]
+    r = pmesh.SEQ_AXIS if len(shape) == 4 and ncp > 1 and shape[3] % ncp == 0 else None
+    return P(*([None, pmesh.BATCH_AXES] + [None] * (len(shape) - 3) + [r]))
+
+
+def sampling_cache_shardings(cache: Any, mesh) -> Any:
+    """`NamedSharding` of every leaf of a latent cache (arrays or shapes) in the sampling layout
+    (`sampling_cache_spec`); raises ValueError when a batch dim does not divide over the batch axes."""
+    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
+
+    def one(a):
+        if a.shape[1] % nb:
+            raise ValueError(f"sampling batch {a.shape} is not divisible by the mesh batch axes ({nb})")
+        return NamedSharding(mesh, sampling_cache_spec(a.shape, mesh))
+
+    return jax.tree.map(one, cache)
+
+
+def constrain_sampling_cache(cache: Any, mesh) -> Any:
+    """Inside a jitted function: pin every cache leaf to the sampling layout (`sampling_cache_spec`), so
+    an output cache (a donated input updated by row gathers / scatters) comes out in the layout it went
+    in and the next call neither reshards it nor recompiles. A no-op without a mesh (``mesh=None``)."""
+    if mesh is None:
+        return cache
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(
+        a, NamedSharding(mesh, sampling_cache_spec(a.shape, mesh))), cache)
+
+
+def place_sampling_rows(tree: Any, mesh) -> Any:
+    """Every array of `tree` split on its leading (batch / slot) dim over the batch axes (the sampler's
+    tokens and lengths, the rollout engine's per-slot decode state); ValueError when it does not divide."""
+    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
+
+    def put(a):
+        if a.shape[0] % nb:
+            raise ValueError(f"sampling batch {a.shape} is not divisible by the mesh batch axes ({nb})")
+        return jax.device_put(a, NamedSharding(mesh, P(*([pmesh.BATCH_AXES] + [None] * (a.ndim - 1)))))
+
+    return jax.tree.map(put, tree)
+
+
 def sampling_placer(mesh) -> Callable:
     """``place(cache, tokens, lengths)`` for `sampler.generate`: every array split on its batch dim
-    over the batch axes (cache leaves ``[L, b, slots, r]``: dim 1; tokens ``[b, p]``, lengths ``[b]``:
-    dim 0; ``tokens`` may be ``[b]`` too); the cache's latent dim ``r`` also over ``context`` (when it divides), which is the layout
-    GSPMD gives the decode step's updated cache, so the donated cache keeps one layout across steps
-    and the context devices hold no replicas of it."""
-    nb = pmesh.axis_size(mesh, pmesh.BATCH_AXES)
-    ncp = mesh.shape[pmesh.SEQ_AXIS]
-
-    def put(a, spec):
-        if a.shape[spec.index(pmesh.BATCH_AXES)] % nb:
-            raise ValueError(f"sampling batch {a.shape} is not divisible by the mesh batch axes ({nb})")
-        return jax.device_put(a, NamedSharding(mesh, P(*spec)))
-
-    def cache_spec(a):
-        r = pmesh.SEQ_AXIS if a.ndim == 4 and ncp > 1 and a.shape[3] % ncp == 0 else None
-        return [None, pmesh.BATCH_AXES] + [None] * (a.ndim - 3) + [r]
+    over the batch axes (cache leaves ``[L, b, slots, r]``: dim 1, in `sampling_cache_spec`'s layout;
+    tokens ``[b, p]``, lengths ``[b]``: dim 0; ``tokens`` may be ``[b]`` too)."""
 
     def place(cache, tokens, lengths):
-        cache = jax.tree.map(lambda a: put(a, cache_spec(a)), cache)
-        row = lambda a: put(a, [pmesh.BATCH_AXES] + [None] * (a.ndim - 1))
-        return cache, row(tokens), row(lengths)
+        cache = jax.device_put(cache, sampling_cache_shardings(cache, mesh))
+        tokens, lengths = place_sampling_rows((tokens, lengths), mesh)
+        return cache, tokens, lengths
 
     return place
 

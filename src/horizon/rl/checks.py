@@ -10,6 +10,7 @@ batch, optimizer, prompt sampler, length penalty) and `exp` (task family, sandbo
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 from horizon.agent import validate_agent_config
@@ -97,21 +98,31 @@ ENGINE_COUNTS = ("engine_slots", "engine_prefill_chunk", "engine_min_prefill_chu
 
 
 def validate_engine(c) -> None:
-    """`rl.sampler.engine` and its `engine_*` fields (`horizon.rl.rollout.engine.engine_config`, SPEC §4):
-    sizes >= 1, a smallest prefill chunk within the largest, a refill count within the slots, a slot
-    length (`engine_max_len`, 0 = `model.max_seq_len`) within the model's that holds a whole agent context
-    (`agent.max_context_tokens`: a turn's context + its generation; not for the async toy env), a stop
-    table wide enough for the tokenizer's stop ids, and a swap store of >= 0 positions (-1 = slots x
-    max_len). Checked whether or not the switch is on, so flipping it never meets a bad value. A sampler
-    section without `engine`: nothing to check."""
+    """`rl.sampler`'s `engine_*` fields (`horizon.rl.rollout.engine.engine_config`, SPEC §4; the rollout
+    engine is every caller's sampler): sizes >= 1, a slot count that divides over the data-parallel
+    ranks of the config's mesh (a buildable one, `mesh.validate_mesh`; the slot cache is split over
+    them, `engine.Engine`), a smallest prefill chunk
+    within the largest, a refill count within the slots, a slot length (`engine_max_len`, 0 =
+    `model.max_seq_len`) within the model's that holds a whole agent context (`agent.max_context_tokens`:
+    a turn's context + its generation; not for the async toy env), a stop table wide enough for the
+    tokenizer's stop ids, and a swap store of >= 0 positions (-1 = slots x max_len). A sampler section
+    without engine fields: nothing to check."""
     from horizon.data.tokenizer import tokenizer_from_config  # noqa: PLC0415
 
     s, pre = c.rl.sampler, "rl.sampler"
-    if "engine" not in s:
+    if "engine_slots" not in s:
         return
-    need(isinstance(s.engine, bool), f"{pre}.engine", s.engine, "must be True or False")
     for k in ENGINE_COUNTS:
         need_int(s, k, pre, lo=1)
+    if "engine_window_per_octave" in s:
+        need_int(s, "engine_window_per_octave", pre, lo=1, hi=2)
+    if "engine_min_reuse" in s:
+        need_int(s, "engine_min_reuse", pre, lo=1)
+    if "mesh" in c:        # every caller validates the mesh this way too; first, so its error is the one shown
+        pmesh.validate_mesh(c, power_of_two_ranks=True)
+        nb = math.prod(pmesh.mesh_sizes(c.mesh)[a] for a in pmesh.BATCH_AXES)
+        need(int(s.engine_slots) % nb == 0, f"{pre}.engine_slots", s.engine_slots,
+             f"must be a multiple of the mesh's {nb} data-parallel ranks (data*fsdp*expert): the slot cache is split over them")
     max_seq = int(c.model.max_seq_len)
     max_len = need_int(s, "engine_max_len", pre, lo=0, hi=max_seq) or max_seq
     need(int(s.engine_min_prefill_chunk) <= int(s.engine_prefill_chunk), f"{pre}.engine_min_prefill_chunk",
@@ -192,7 +203,7 @@ def validate_family(c, env: str | None) -> None:
     """`exp.env` (the driver's family if `env` is given) and `exp.task`: one task is built from
     them, so a bad task option fails here and not in the first rollout."""
     e = c.exp
-    need_choice(e, "env", "exp", FAMILIES if env is None else (env,))
+    need_choice(e, "env", "exp", FAMILIES if env is None else ((env,) if isinstance(env, str) else tuple(env)))
     try:
         family_from_config(e).tasks("train", 1)
     except (ValueError, TypeError, KeyError) as err:
@@ -235,8 +246,9 @@ def validate_sandboxes(c) -> None:
                               "(build it: make image)") from None
 
 
-def validate_experiment(c, env: str) -> None:
-    """experiments/rl.py and experiments/selfsum.py: the whole config, for the `env` family."""
+def validate_experiment(c, env) -> None:
+    """experiments/rl.py and experiments/selfsum.py: the whole config, for the `env` family (or one of
+    a tuple of them)."""
     validate_model(c)
     validate_agent_budget(c)
     e = c.exp
@@ -244,7 +256,7 @@ def validate_experiment(c, env: str) -> None:
     validate_rl(c, steps)
     validate_rl_mesh(c)
     validate_family(c, env)
-    need_int(e, "n_sft_tasks", "exp", lo=1)
+    need_int(e, "n_sft_tasks", "exp", lo=0 if e.env == "swebench" else 1)   # a task set has no demonstrations
     validate_pool_size(c)
     validate_sandboxes(c)
     validate_sft(c)

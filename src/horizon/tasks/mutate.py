@@ -22,6 +22,13 @@ original is dropped. Kinds (`KINDS`):
     remove_return     a `return` statement deleted (`pass` if it was the block's only statement)
     remove_branch     an `if` without else deleted (a guard clause)
     remove_statement  an expression statement (a bare call: lst.append(x)) deleted
+
+Two more kinds are built from these or from a function, not sampled by `sample` (`EXTRA_KINDS`):
+
+    delete_feature    `feature_deletions`: a function's body (its docstring kept) replaced by
+                      ``raise NotImplementedError``: the function is asked back
+    combined          `combine`: several mutations of one module applied together (their edits
+                      on disjoint, non-adjacent lines); the gold patch reverts all of them
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ import re
 
 KINDS = ("operator_swap", "comparison_swap", "boolean_swap", "off_by_one", "change_constant", "invert_condition",
          "swap_arguments", "remove_return", "remove_branch", "remove_statement")
+
+FEATURE_KIND = "delete_feature"
+COMBINED_KIND = "combined"
+EXTRA_KINDS = (FEATURE_KIND, COMBINED_KIND)
 
 _BINOP_SWAP = {ast.Add: (ast.Sub, "+", "-"), ast.Sub: (ast.Add, "-", "+"), ast.Mult: (ast.Div, "*", "/"),
                ast.Div: (ast.Mult, "/", "*"), ast.FloorDiv: (ast.Div, "//", "/"), ast.Mod: (ast.FloorDiv, "%", "//"),
@@ -279,8 +290,7 @@ def unified_diff(before: str, after: str, path: str) -> str:
     return f"diff --git a/{path} b/{path}\n" + "".join(fixed)
 
 
-def candidates(source: str, path: str = "module.py", kinds=None) -> list[Mutation]:
-    """Every valid mutation of `source` (compiles, differs), sorted by (line, col, kind, description)."""
+def _prepare(source: str, path: str, kinds):
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
@@ -289,42 +299,54 @@ def candidates(source: str, path: str = "module.py", kinds=None) -> list[Mutatio
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise MutationError(f"unknown mutation kind(s) {unknown}; known: {KINDS}")
-    funcs = _functions(tree)
-    seen, out = set(), []
-    for e in sorted(_edits(source, tree), key=lambda e: (e.line, e.col, e.kind, e.description)):
-        if e.kind not in kinds:
-            continue
-        new = _apply(source, e.spans)
-        if new == source or new in seen:
-            continue
-        try:
-            compile(new, path, "exec")
-        except SyntaxError:
-            continue
-        seen.add(new)
-        fn = [name for lo, hi, name in funcs if lo <= e.line <= hi]
-        out.append(Mutation(e.kind, path, e.line, _char_col(source, e.line, e.col), fn[-1] if fn else "",
-                            e.description, source, new, unified_diff(source, new, path),
-                            unified_diff(new, source, path)))
-    return out
+    edits = [e for e in sorted(_edits(source, tree), key=lambda e: (e.line, e.col, e.kind, e.description))
+             if e.kind in kinds]
+    return tree, edits
+
+
+def _materialize(source: str, e: _Edit, funcs, path: str, seen: set) -> Mutation | None:
+    """The `Mutation` of edit `e` (None if it does not compile, changes nothing or repeats `seen`)."""
+    new = _apply(source, e.spans)
+    if new == source or new in seen:
+        return None
+    try:
+        compile(new, path, "exec")
+    except SyntaxError:
+        return None
+    seen.add(new)
+    fn = [name for lo, hi, name in funcs if lo <= e.line <= hi]
+    return Mutation(e.kind, path, e.line, _char_col(source, e.line, e.col), fn[-1] if fn else "",
+                    e.description, source, new, unified_diff(source, new, path), unified_diff(new, source, path))
+
+
+def candidates(source: str, path: str = "module.py", kinds=None) -> list[Mutation]:
+    """Every valid mutation of `source` (compiles, differs), sorted by (line, col, kind, description)."""
+    tree, edits = _prepare(source, path, kinds)
+    funcs, seen = _functions(tree), set()
+    return [m for m in (_materialize(source, e, funcs, path, seen) for e in edits) if m is not None]
 
 
 def sample(source: str, n: int, seed: int, path: str = "module.py", kinds=None) -> list[Mutation]:
     """Up to `n` distinct mutations, deterministic in `seed`: round-robin over the kinds the file
-    offers (in a seeded order), a seeded site within each kind."""
+    offers (in a seeded order), a seeded site within each kind. Only the picked sites are applied,
+    compiled and diffed (a large module offers thousands; `candidates` makes them all)."""
     rng = random.Random(seed)
-    by_kind: dict[str, list[Mutation]] = {}
-    for m in candidates(source, path, kinds):
-        by_kind.setdefault(m.kind, []).append(m)
-    for ms in by_kind.values():
-        rng.shuffle(ms)
+    tree, edits = _prepare(source, path, kinds)
+    by_kind: dict[str, list[_Edit]] = {}
+    for e in edits:
+        by_kind.setdefault(e.kind, []).append(e)
+    for es in by_kind.values():
+        rng.shuffle(es)
     order = sorted(by_kind)
     rng.shuffle(order)
-    out = []
+    funcs, seen, out = _functions(tree), set(), []
     while len(out) < n and any(by_kind.values()):
         for k in order:
-            if by_kind[k] and len(out) < n:
-                out.append(by_kind[k].pop())
+            while by_kind[k] and len(out) < n:
+                m = _materialize(source, by_kind[k].pop(), funcs, path, seen)
+                if m is not None:
+                    out.append(m)
+                    break
     return out
 
 
@@ -334,3 +356,105 @@ def mutate(source: str, seed: int, path: str = "module.py", kinds=None) -> Mutat
     if not got:
         raise MutationError(f"{path}: no mutation of kind(s) {tuple(kinds) if kinds else KINDS} applies")
     return got[0]
+
+
+def function_key(source: str, line: int) -> tuple[str, int] | None:
+    """(qualified name, first line of its code object: the first decorator's or the ``def`` line) of
+    the innermost function containing `line`, or None at module / class-body level (code that runs
+    at import). The generator's coverage map keys functions by that first line."""
+    tree = ast.parse(source)
+    best = None
+
+    def visit(node, prefix):
+        nonlocal best
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    first = min([d.lineno for d in child.decorator_list] + [child.lineno])
+                    if child.lineno <= line <= child.end_lineno:
+                        best = (name, first)
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+    visit(tree, "")
+    return best
+
+
+def feature_deletions(source: str, path: str = "module.py", min_body_lines: int = 2) -> list[Mutation]:
+    """One `FEATURE_KIND` mutation per function whose body (docstring aside) spans at least
+    `min_body_lines` lines and starts on its own line: the body becomes ``raise NotImplementedError``
+    (the docstring stays, so the function's contract is still written down). Sorted by line."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise MutationError(f"{path}: does not parse ({e.msg}, line {e.lineno})") from e
+    lines = source.split("\n")
+    offs = _offsets(source)
+    out = []
+    for lo, hi, name in _functions(tree):
+        fn = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.lineno <= lo and n.end_lineno == hi and (n.name == name.rsplit(".", 1)[-1]))
+        body = list(fn.body)
+        doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str) else None
+        rest = body[1:] if doc is not None else body
+        if not rest:
+            continue
+        first, last = rest[0], rest[-1]
+        if last.end_lineno - first.lineno + 1 < min_body_lines or lines[first.lineno - 1][:first.col_offset].strip():
+            continue
+        if doc is not None and doc.end_lineno >= first.lineno:
+            continue
+        if lines[last.end_lineno - 1][last.end_col_offset:].strip() not in ("",) and \
+                not lines[last.end_lineno - 1][last.end_col_offset:].strip().startswith("#"):
+            continue
+        indent = " " * first.col_offset
+        a = offs[first.lineno]
+        b = offs[last.end_lineno] + len(lines[last.end_lineno - 1].encode("utf-8"))
+        data = source.encode("utf-8")
+        new = (data[:a] + f"{indent}raise NotImplementedError".encode("utf-8") + data[b:]).decode("utf-8")
+        try:
+            compile(new, path, "exec")
+        except SyntaxError:
+            continue
+        if new == source:
+            continue
+        out.append(Mutation(FEATURE_KIND, path, fn.lineno, fn.col_offset, name,
+                            f"body of {name} replaced by raise NotImplementedError", source, new,
+                            unified_diff(source, new, path), unified_diff(new, source, path)))
+    return sorted(out, key=lambda m: m.line)
+
+
+def changed_lines(m: Mutation) -> list[tuple[int, int, list[str]]]:
+    """(first, end) 0-based line ranges of `m.original` that `m` replaces, with the new lines."""
+    a, b = m.original.splitlines(keepends=True), m.source.splitlines(keepends=True)
+    ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    return [(i1, i2, b[j1:j2]) for tag, i1, i2, j1, j2 in ops if tag != "equal"]
+
+
+def combine(mutations, path: str | None = None) -> Mutation:
+    """The `COMBINED_KIND` mutation applying every one of `mutations` (same file and original; their
+    changed lines disjoint and at least one line apart). `MutationError` if they collide."""
+    ms = list(mutations)
+    if len(ms) < 2:
+        raise MutationError("combine needs at least two mutations")
+    orig, mpath = ms[0].original, path or ms[0].path
+    if any(m.original != orig or m.path != ms[0].path for m in ms):
+        raise MutationError("combined mutations must be of the same file and original source")
+    edits = sorted((e for m in ms for e in changed_lines(m)), key=lambda e: e[0])
+    for (a1, a2, _), (b1, _b2, _) in zip(edits, edits[1:]):
+        if b1 <= a2:      # overlapping or adjacent: the hunks would interact
+            raise MutationError(f"{mpath}: mutations touch overlapping or adjacent lines")
+    lines = orig.splitlines(keepends=True)
+    for i1, i2, new in reversed(edits):
+        lines[i1:i2] = new
+    new = "".join(lines)
+    try:
+        compile(new, mpath, "exec")
+    except SyntaxError as e:
+        raise MutationError(f"{mpath}: the combination does not compile ({e.msg})") from e
+    first = min(ms, key=lambda m: m.line)
+    return Mutation(COMBINED_KIND, mpath, first.line, first.col, " + ".join(dict.fromkeys(m.function for m in ms)),
+                    " + ".join(f"{m.kind} {m.description} (line {m.line})" for m in ms), orig, new,
+                    unified_diff(orig, new, mpath), unified_diff(new, orig, mpath))

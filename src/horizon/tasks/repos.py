@@ -124,6 +124,18 @@ def load_manifest(path: str | os.PathLike | None = None) -> list[RepoSpec]:
     return specs
 
 
+def manifest_heldout(path: str | os.PathLike | None = None) -> list[str]:
+    """The manifest's top-level ``heldout`` list: repositories whose instances form the held-out
+    split (no train instance comes from them); names must be in the manifest."""
+    path = pathlib.Path(path or MANIFEST_PATH)
+    specs = load_manifest(path)
+    names = tomllib.loads(path.read_text(encoding="utf-8")).get("heldout", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise TaskError(f"{path}: heldout must be a list of repository names")
+    select(specs, names)
+    return list(names)
+
+
 def select(specs: list[RepoSpec], names) -> list[RepoSpec]:
     """The specs named (all when `names` is empty), in manifest order; `TaskError` on an unknown name."""
     names = list(names or [])

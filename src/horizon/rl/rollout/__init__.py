@@ -6,9 +6,9 @@
   `EnginePolicy`, its adapter to the agent (``policy(contexts, max_new)`` and ``policy.stream()``,
   with which `horizon.agent.run_episodes` advances episodes independently).
   `engine.rollout_policy` is every caller's policy factory (RL loop, async workers, held-out eval,
-  eval harness): the engine when `rl.sampler.engine` is on and no multi-device mesh is configured.
-- `sampler.py`: the one batched `generate` (latent-cache decoding in device chunks, per-sequence
-  keys, a `poll` hook for in-flight weight swaps, the mesh's sharded placement) and
-  `make_policy`, its lockstep adapter: what `rollout_policy` returns on a mesh or with
-  `rl.sampler.engine=False`. The engine runs `sampler.decode_one`, the same decode step.
+  eval harness): the engine, on one device or sharded over the run's multi-device mesh.
+- `sampler.py`: the one fixed-batch `generate` (latent-cache decoding in device chunks, per-sequence
+  keys, a `poll` hook for in-flight weight swaps, the mesh's sharded placement; benchmarks and tests
+  call it directly), `ParamsHolder`, and the pieces the engine shares with it: `sampler.decode_one`
+  (the one decode step), `sample_from_logits`, `sequence_keys` / `token_keys`.
 """

@@ -26,7 +26,9 @@ Reuse (prefill only what no cache holds). On admission the engine finds, among t
 assigned this round) and the park store, the cache whose tokens share the longest common prefix
 (LCP) with the request's context, copies those cache rows into the target slot (no copy when it
 is the target's own) and prefills only the rest, capped so that >= 1 token is prefilled (its
-logits draw the first token). Two cases this covers:
+logits draw the first token). A hit in another slot or the store shorter than `engine_min_reuse`
+tokens (random prompts sharing a first token) is prefilled instead: such a copy saves nothing and
+each (pair count, window) shape of it is one more compile. Two cases this covers:
 
 * Per-episode cache across turns: an episode's next context extends its cached tokens (context +
   every generated token, all fed, the stop token included), so a turn prefills only its new tokens
@@ -39,9 +41,11 @@ logits draw the first token). Two cases this covers:
 
 Chunked prefill. Prefill runs on a gathered sub-batch of slot rows in chunks of at most
 `engine_prefill_chunk` tokens per row (all admitted rows advance together, one chunk per call),
-over an attention window of the first W cache positions (W a power of two covering the chunk);
-pad tokens are written past the window, i.e. nowhere (`transformer.decode` drops writes past the
-cache). Decode likewise attends over a window covering the active rows' positions.
+over an attention window of the first W cache positions (W a compile bucket >= `engine_min_window`
+covering the chunk: powers of two, and with `engine_window_per_octave` = 2 their 1.5x midpoints, so a
+window is at most 1.5x the positions in use); pad tokens are written past the window, i.e. nowhere
+(`transformer.decode` drops writes past the cache). Decode likewise attends over a window covering
+the active rows' positions: its cost per step grows with W (benchmarks/rollout_engine.py, docs/PERF.md).
 
 Decode. One jitted `lax.while_loop` runs up to `sync_tokens` decode steps (`chunk_tokens` with a
 `poll`) of every active slot per host round-trip, each step `sampler.decode_one` (the one decode
@@ -58,20 +62,36 @@ every host round-trip (<= `chunk_tokens` decode steps) and switches weights in f
 "keep" continues on the caches the old weights computed (parked ones included, PipelineRL);
 "recompute" re-prefills every active row (context + generated tokens) with the new weights,
 redraws each pending token with its own key and replaces the generated tokens' routing, and drops
-every other cache. The engine runs on the default device: a run with a multi-device mesh samples
-with `generate` (its sharded placement, `parallel.sharded`), chosen by `rollout_policy`.
+every other cache.
 
-`EnginePolicy` adapts it to the agent: ``policy(contexts, max_new)`` (the lockstep interface,
-samples equal `sampler.make_policy`'s; the toy env's groups, eval warm-up) and ``policy.stream()``,
+Mesh (SPEC §2). Without a mesh (or a one-device one) the engine runs on the default device. A full
+config whose `mesh` asks for several devices (`parallel.mesh.run_mesh`) runs it sharded, with the
+placement `generate` uses on a mesh (`parallel.sharded`): weights placed by the one rules table
+(`sharded.place_params`, once per polled version, not per step), the slot cache allocated with its
+slot dim split over the batch axes (data x fsdp x expert; `sharded.sampling_cache_shardings`, the
+latent dim also over ``context`` when it divides) and the per-slot decode state split likewise, the
+jitted steps on the plain attention / MoE paths (`sharded.sampling_config`) partitioned by GSPMD.
+Every step that writes the cache (prefill, decode loop, prefix copies, swap-ins) pins its output to
+that layout (`sharded.constrain_sampling_cache`): only the rows a step reads or writes move between
+devices (a prefill's or a copy's rows over its window, a swapped-out row's cached positions), never
+the whole cache. A parked row in the swap store is one row, so it is not split (it lives where
+GSPMD puts it, replicated over the batch ranks). The slot count must be a multiple of the batch
+ranks (`validate_engine` names `rl.sampler.engine_slots` before a run starts; `Engine` raises a
+one-line ValueError): the slots are the cache budget, so the engine does not silently round them up
+as `generate` rounds a batch bucket. Host-side per-slot state (tokens, owners, queue, store index)
+is the same as on one device, and so are the samples, up to reduction order (tests/rl/test_engine_mesh.py).
+
+`EnginePolicy` adapts it to the agent: ``policy(contexts, max_new)`` (the batched interface, samples
+equal `generate`'s with the same key; the toy env's groups, eval warm-up) and ``policy.stream()``,
 with which `horizon.agent.run_episodes` advances episodes independently (an episode's tool call runs
 as soon as its generation ends, in a bounded pool, while the engine decodes the others).
 
 Who uses it: `rollout_policy(params_ref, cfg, key, ...)` is the one policy factory of every caller —
 the sync RL loop and the async rollout workers (`rl.runtime.core.rollout_groups`, poll = the current
 weights / `workers.WeightSource.poll`), the RL loop's held-out eval (`rl.runtime.loop.evaluate`) and
-the eval harness (`eval.harness.policy_from_params`, experiments/eval.py). It returns an
-`EnginePolicy` when `rl.sampler.engine` is on (configs/rl_tiny.py, default) and no mesh is
-configured, else `sampler.make_policy`. Determinism: a group's samples do not depend on scheduling
+the eval harness (`eval.harness.policy_from_params`, experiments/eval.py). It always returns an
+`EnginePolicy`, on one device or on the run's mesh; there is no lockstep policy (`sampler.generate`
+stays the one fixed-batch sampler, e.g. for benchmarks and tests). Determinism: a group's samples do not depend on scheduling
 (which slot, which batch-mates, when a tool call returned): an episode's turn t draws with its own
 key ``fold_in(fold_in(stream key, episode), t)`` and the stream key is the policy key's next split,
 i.e. a function of the batch's first slot (`core.policy_key`) and the call count (tested).
@@ -94,6 +114,7 @@ from jaxtyping import Array, Float, Int
 from horizon.data.tokenizer import tokenizer_from_config
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
+from horizon.parallel import sharded
 from horizon.rl.maths.batch import bucket
 from horizon.rl.rollout import sampler
 
@@ -145,16 +166,21 @@ class EngineConfig:
     prefill_chunk: int         # max prefill tokens per row per call
     min_prefill_chunk: int     # smallest chunk (power-of-two buckets from it up to prefill_chunk)
     sync_tokens: int           # decode steps per host round-trip
-    min_window: int            # smallest attention window (power-of-two buckets above it)
+    min_window: int            # smallest attention window (compile buckets above it: `window_per_octave`)
     park_tokens: int           # swap store budget for evicted parked caches (positions)
     stop_slots: int            # max stop ids per request (the device stop table's width)
     refill_slots: int = 1      # while requests wait, leave the decode loop once this many slots finished
     kv_mode: str = "keep"
+    window_per_octave: int = 1  # attention-window buckets per doubling: 1 = powers of two, 2 adds the 1.5x midpoints
+    min_reuse: int = 1         # shortest prefix copied from another slot or the swap store (shorter: prefilled)
 
 
 def engine_config(cfg, **overrides) -> EngineConfig:
     """`EngineConfig` from a full config's `rl.sampler` section (configs/rl_tiny.py); `engine_max_len`
     0 = `model.max_seq_len`, `engine_park_tokens` < 0 = slots x max_len. `overrides` replace fields."""
+    if "rl" not in cfg or "sampler" not in cfg.rl:
+        raise ValueError("the rollout engine needs the config's rl.sampler section (configs/rl_tiny.py) "
+                         "or an EngineConfig (engine=)")
     s = cfg.rl.sampler
     max_len = int(s.engine_max_len) or int(transformer.model_cfg(cfg).max_seq_len)
     slots = int(s.engine_slots)
@@ -163,7 +189,9 @@ def engine_config(cfg, **overrides) -> EngineConfig:
               min_prefill_chunk=int(s.engine_min_prefill_chunk),
               sync_tokens=int(s.sync_tokens), min_window=int(s.engine_min_window),
               park_tokens=slots * max_len if park < 0 else park, stop_slots=int(s.engine_stop_slots),
-              refill_slots=int(s.engine_refill_slots), kv_mode=str(s.kv_mode))
+              refill_slots=int(s.engine_refill_slots), kv_mode=str(s.kv_mode),
+              window_per_octave=int(s.get("engine_window_per_octave", 1)),
+              min_reuse=int(s.get("engine_min_reuse", 1)))
     ec.update(overrides)
     return EngineConfig(**ec)
 
@@ -177,14 +205,15 @@ def _write_window(cache: dict, sub: dict, window: int) -> dict:
     return jax.tree.map(lambda a, s: a.at[:, :, :window].set(s), cache, sub)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "window"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "window", "mesh"), donate_argnames=("cache",))
 def prefill_rows(params: dict, cache: dict, rows: Int[Array, " b"], tokens: Int[Array, "b c"],
-                 start: Int[Array, " b"], count: Int[Array, " b"], *, cfg, window: int
+                 start: Int[Array, " b"], count: Int[Array, " b"], *, cfg, window: int, mesh=None
                  ) -> tuple[dict, Float[Array, "b vocab"], Int[Array, "moe_layers b c k"]]:
     """One prefill chunk of cache rows `rows` (>= slots: padding, neither read nor written): row i's
     first ``count[i]`` `tokens` go to positions ``start[i] + j`` through `transformer.decode` over
     the first `window` positions (pad tokens at position `window`: not written). Returns (cache,
-    logits of each row's last token [b, V], routing of every token [L_moe, b, c, k])."""
+    logits of each row's last token [b, V], routing of every token [L_moe, b, c, k]). With a `mesh`
+    the returned cache keeps the slot layout (`sharded.constrain_sampling_cache`)."""
     b, c = tokens.shape
     sub = jax.tree.map(lambda a: jnp.take(a[:, :, :window], rows, axis=1, mode="fill", fill_value=0), cache)
     j = jnp.arange(c, dtype=jnp.int32)[None]
@@ -192,6 +221,7 @@ def prefill_rows(params: dict, cache: dict, rows: Int[Array, " b"], tokens: Int[
     logits, sub, aux = transformer.decode(params, sub, tokens, positions, cfg=cfg,
                                           logits_at=jnp.maximum(count - 1, 0))
     cache = jax.tree.map(lambda a, s: a.at[:, rows, :window].set(s, mode="drop"), cache, sub)
+    cache = sharded.constrain_sampling_cache(cache, mesh)
     ri = aux["router_indices"]
     return cache, logits[:, 0], ri.reshape(ri.shape[0], b, c, ri.shape[-1])
 
@@ -206,27 +236,35 @@ def sample_rows(logits: Float[Array, "b vocab"], src: Int[Array, " f"], key_data
     return sampler.sample_from_logits(jnp.take(logits, src, axis=0, mode="clip"), keys, temperature, top_p)
 
 
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def copy_rows(cache: dict, src: Int[Array, " f"], dst: Int[Array, " f"]) -> dict:
-    """Cache rows `src` copied onto rows `dst` (all reads before any write; dst >= slots: skipped)."""
-    return jax.tree.map(lambda a: a.at[:, dst].set(jnp.take(a, src, axis=1, mode="clip"), mode="drop"), cache)
+@functools.partial(jax.jit, static_argnames=("window", "mesh"), donate_argnames=("cache",))
+def copy_rows(cache: dict, src: Int[Array, " f"], dst: Int[Array, " f"], *, window: int, mesh=None) -> dict:
+    """The first `window` positions of cache rows `src` copied onto rows `dst` (all reads before any
+    write; dst >= slots: skipped). Positions past the window are left as they are: a copied prefix is
+    at most `window` long and a row's later positions are written before they are read. With a `mesh`
+    only the copied rows' window moves between devices and the cache keeps the slot layout."""
+    cache = jax.tree.map(lambda a: a.at[:, dst, :window].set(jnp.take(a[:, :, :window], src, axis=1, mode="clip"),
+                                                            mode="drop"), cache)
+    return sharded.constrain_sampling_cache(cache, mesh)
 
 
 @functools.partial(jax.jit, static_argnames=("length",))
 def extract_row(cache: dict, row: Int[Array, ""], *, length: int) -> dict:
-    """The first `length` positions of cache row `row` (a swap-out to the park store)."""
-    return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(jnp.take(a, row, axis=1), 0, length, axis=1), cache)
+    """The first `length` positions of cache row `row` (a swap-out to the park store; with a mesh only
+    those positions of the row leave its device)."""
+    return jax.tree.map(lambda a: jnp.take(a[:, :, :length], row, axis=1), cache)
 
 
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def insert_row(cache: dict, row: Int[Array, ""], saved: dict) -> dict:
-    """`saved` (an `extract_row` result) written back at the start of cache row `row`."""
-    return jax.tree.map(lambda a, s: a.at[:, row, : s.shape[1]].set(s), cache, saved)
+@functools.partial(jax.jit, static_argnames=("mesh",), donate_argnames=("cache",))
+def insert_row(cache: dict, row: Int[Array, ""], saved: dict, *, mesh=None) -> dict:
+    """`saved` (an `extract_row` result) written back at the start of cache row `row` (the slot layout
+    kept with a `mesh`)."""
+    cache = jax.tree.map(lambda a, s: a.at[:, row, : s.shape[1]].set(s), cache, saved)
+    return sharded.constrain_sampling_cache(cache, mesh)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "steps", "window"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "steps", "window", "mesh"), donate_argnames=("cache",))
 def decode_loop(params: dict, cache: dict, state: dict, leave_after: Int[Array, ""], *, cfg, steps: int,
-                window: int) -> tuple[dict, dict, dict]:
+                window: int, mesh=None) -> tuple[dict, dict, dict]:
     """Up to `steps` decode steps of every slot on device (one `lax.while_loop`, one host sync).
 
     `state` per slot: ``tok`` (pending token, generated number ``gen``, to be fed at ``pos``), ``lp``
@@ -235,7 +273,8 @@ def decode_loop(params: dict, cache: dict, state: dict, leave_after: Int[Array, 
     (`sampler.decode_one`, recording it) and draws the next with ``fold_in(key, gen + 1)``; a slot
     finishes after feeding a stop id or its ``max_new``-th token. Leaves when nothing is active or,
     with `leave_after` > 0, once that many slots finished (to refill them). Returns (cache, state, outputs:
-    ``tok``/``lp``/``fed`` [steps, S], ``ri`` [steps, L_moe, S, k], ``steps`` run)."""
+    ``tok``/``lp``/``fed`` [steps, S], ``ri`` [steps, L_moe, S, k], ``steps`` run). With a `mesh` the
+    window carried through the loop and the returned cache keep the slot layout."""
     S = state["tok"].shape[0]
     c = transformer.model_cfg(cfg)
     L_moe = transformer.layer_counts(c)[1]
@@ -254,6 +293,7 @@ def decode_loop(params: dict, cache: dict, state: dict, leave_after: Int[Array, 
         keys = sampler.token_keys(seq_keys, st["gen"] + 1)
         pos = jnp.where(act, st["pos"], window)             # inactive: fed past the window, nothing written
         sub, nxt, nlp, ri = sampler.decode_one(params, sub, st["tok"], pos, keys, st["temperature"], st["top_p"], cfg)
+        sub = sharded.constrain_sampling_cache(sub, mesh)
         o = {"tok": o["tok"].at[i].set(st["tok"]), "lp": o["lp"].at[i].set(st["lp"]),
              "fed": o["fed"].at[i].set(act), "ri": o["ri"].at[i].set(ri.reshape(L_moe, S, k))}
         hit = jnp.any(st["tok"][:, None] == st["stops"], axis=-1)
@@ -263,9 +303,9 @@ def decode_loop(params: dict, cache: dict, state: dict, leave_after: Int[Array, 
                   pos=jnp.where(go, st["pos"] + 1, st["pos"]), gen=jnp.where(go, st["gen"] + 1, st["gen"]))
         return i + 1, sub, st, finished + jnp.sum(fin, dtype=jnp.int32), o
 
-    i, sub, state, _, outs = jax.lax.while_loop(
-        cond, body, (jnp.int32(0), _window(cache, window), state, jnp.int32(0), outs))
-    return _write_window(cache, sub, window), state, dict(outs, steps=i)
+    sub = sharded.constrain_sampling_cache(_window(cache, window), mesh)
+    i, sub, state, _, outs = jax.lax.while_loop(cond, body, (jnp.int32(0), sub, state, jnp.int32(0), outs))
+    return sharded.constrain_sampling_cache(_write_window(cache, sub, window), mesh), state, dict(outs, steps=i)
 
 
 # ------------------------------------------------------------------------------------ host side
@@ -330,6 +370,8 @@ class Engine:
 
     `cfg` is the full config (model + `rl.sampler`) or a model config with `engine` an
     `EngineConfig`. Weights: fixed `params` (tagged `version`) or ``poll() -> (params, version)``.
+    A full config whose `mesh` asks for several devices (`parallel.mesh.run_mesh`) runs the engine
+    sharded (module docstring, "Mesh"): the slots must divide over the mesh's batch axes.
     `submit` queues a `Request` and returns its id; `step` runs one host round-trip (admission +
     prefill, then up to `sync_tokens` decode steps) and returns the requests that finished; `run`
     steps until every submitted request finished. `stats` counts prefill / reused / generated
@@ -346,18 +388,29 @@ class Engine:
         if ec.kv_mode not in KV_MODES:
             raise ValueError(f"kv_mode must be one of {KV_MODES}, got {ec.kv_mode!r}")
         for f in ("slots", "max_len", "prefill_chunk", "min_prefill_chunk", "sync_tokens", "min_window", "stop_slots",
-                  "refill_slots"):
+                  "refill_slots", "min_reuse"):
             if getattr(ec, f) < 1:
                 raise ValueError(f"engine {f} must be >= 1, got {getattr(ec, f)}")
+        if ec.window_per_octave not in (1, 2):
+            raise ValueError(f"engine window_per_octave must be 1 or 2, got {ec.window_per_octave}")
         self.ec = ec
+        self.mesh = pmesh.run_mesh(cfg)
+        if self.mesh is not None:
+            nb = pmesh.axis_size(self.mesh, pmesh.BATCH_AXES)
+            if ec.slots % nb:
+                raise ValueError(f"engine slots={ec.slots} must be a multiple of the mesh's {nb} data-parallel "
+                                 f"ranks (rl.sampler.engine_slots): the slot cache is split over them")
+            cfg = sharded.sampling_config(cfg)            # decode on the plain attention / MoE paths
+        self.cfg = cfg
         self.mcfg = sampler.frozen_model_cfg(cfg)
         if ec.max_len > self.mcfg.max_seq_len:
             raise ValueError(f"engine max_len={ec.max_len} exceeds model.max_seq_len={self.mcfg.max_seq_len}")
         tok = tokenizer_from_config(cfg)
         self.stop_tokens = tuple(tok.stop_ids if stop_tokens is None else stop_tokens)
         self._poll = poll
-        self.params, self.version = (params, int(version)) if poll is None else poll()
-        self.cache = transformer.init_cache(self.mcfg, ec.slots, ec.max_len)
+        params, version = (params, version) if poll is None else poll()
+        self.params, self.version = self._place(params), int(version)
+        self.cache = self._init_cache()
         self.L_moe = transformer.layer_counts(self.mcfg)[1]
         self.k = int(self.mcfg.num_experts_per_tok)
         S = ec.slots
@@ -431,6 +484,19 @@ class Engine:
                 s.owner = None
         self.store.pop(owner, None)
 
+    # -- placement -------------------------------------------------------------------------------
+    def _place(self, params: dict) -> dict:
+        """Weights in the mesh's layout (`sharded.place_params`; once per polled version), as is without one."""
+        return params if self.mesh is None else sharded.place_params(params, self.cfg, self.mesh)
+
+    def _init_cache(self) -> dict:
+        """The slot cache ``[L, slots, max_len, r]`` per leaf, allocated in place: on the default device, or
+        with a mesh split over its batch axes on the slot dim (`sharded.sampling_cache_shardings`)."""
+        make = functools.partial(transformer.init_cache, self.mcfg, self.ec.slots, self.ec.max_len)
+        if self.mesh is None:
+            return make()
+        return jax.jit(make, out_shardings=sharded.sampling_cache_shardings(jax.eval_shape(make), self.mesh))()
+
     # -- weights ---------------------------------------------------------------------------------
     def _maybe_switch(self) -> None:
         if self._poll is None:
@@ -438,7 +504,7 @@ class Engine:
         params, version = self._poll()
         if int(version) == self.version:
             return
-        self.params, self.version = params, int(version)
+        self.params, self.version = self._place(params), int(version)
         self.stats["switches"] += 1
         if self.ec.kv_mode == "recompute":
             self._recompute()
@@ -463,6 +529,11 @@ class Engine:
                 j.seq.ris[g] = ri[:, n + g]
 
     # -- admission -------------------------------------------------------------------------------
+    def _window_for(self, n: int) -> int:
+        """The attention window (a compile bucket >= `min_window`, `window_per_octave` per doubling)
+        covering positions ``0..n-1``: attention and the cache window cost scale with it."""
+        return bucket(n, self.ec.min_window, per_octave=self.ec.window_per_octave)
+
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
@@ -535,8 +606,10 @@ class Engine:
                 continue
             kind, where, lcp = self._best_source(seq.ctx, i, taken)
             lcp = min(lcp, len(seq.ctx) - 1)                        # >= 1 token prefilled: its logits draw
+            if lcp < self.ec.min_reuse and not (kind == "slot" and where == i):
+                lcp = 0                  # a short hit elsewhere: prefilling it beats a copy (and its compile)
             if lcp > 0 and kind == "slot" and where != i:
-                copies.append((where, i))
+                copies.append((where, i, lcp))
             elif lcp > 0 and kind == "store":
                 inserts.append((i, self.store[where][1]))
                 if where == owner:
@@ -548,20 +621,25 @@ class Engine:
             jobs.append(job)
             leaders[key] = job
         if copies:                           # reads before any write of this round (a source may be a
-            src, dst = zip(*copies)          # target further down the queue): copies, inserts, prefill
-            self._copy(list(src), list(dst))
+            self._copy(copies)               # target further down the queue): copies, inserts, prefill
         for i, saved in inserts:
-            self.cache = insert_row(self.cache, jnp.int32(i), saved)
+            self.cache = insert_row(self.cache, jnp.int32(i), saved, mesh=self.mesh)
         self._run_prefill(jobs, count=True)
-        follow = [(j.slot, i) for j in jobs for _, i in j.followers]
+        follow = [(j.slot, i, len(j.seq.ctx)) for j in jobs for _, i in j.followers]
         if follow:
-            src, dst = zip(*follow)
-            self._copy(list(src), list(dst))
+            self._copy(follow)
 
-    def _copy(self, src: list, dst: list) -> None:
-        pad = [self.ec.slots] * (self.ec.slots - len(src))     # one compile: always `slots` pairs
-        self.cache = copy_rows(self.cache, jnp.asarray(src + [0] * len(pad), jnp.int32),
-                               jnp.asarray(dst + pad, jnp.int32))
+    def _copy(self, pairs: list) -> None:
+        """Copy (src slot, dst slot, prefix length) triples: the pair count padded to a power of two and
+        the positions to a window covering the longest prefix (compile buckets, as prefill's)."""
+        S = self.ec.slots
+        b = bucket(len(pairs), 1)
+        src = np.zeros(b, np.int32)
+        dst = np.full(b, S, np.int32)                          # padding pairs: dst >= slots, skipped
+        for r, (a, d, _) in enumerate(pairs):
+            src[r], dst[r] = a, d
+        window = min(self.ec.max_len, self._window_for(max(n for _, _, n in pairs)))
+        self.cache = copy_rows(self.cache, jnp.asarray(src), jnp.asarray(dst), window=window, mesh=self.mesh)
 
     def _run_prefill(self, jobs: list, *, count: bool) -> None:
         """Prefill `jobs` in chunks (all rows advance together), then draw each request's pending
@@ -579,9 +657,10 @@ class Engine:
                 n = min(c, len(j.tokens))
                 rows[r], start[r], cnt[r] = j.slot, j.start, n
                 toks[r, :n] = j.tokens[:n]
-            window = min(self.ec.max_len, bucket(int((start + cnt).max()), self.ec.min_window))
+            window = min(self.ec.max_len, self._window_for(int((start + cnt).max())))
             self.cache, logits, ri = prefill_rows(self.params, self.cache, jnp.asarray(rows), jnp.asarray(toks),
-                                                  jnp.asarray(start), jnp.asarray(cnt), cfg=self.mcfg, window=window)
+                                                  jnp.asarray(start), jnp.asarray(cnt), cfg=self.mcfg, window=window,
+                                                  mesh=self.mesh)
             if any(j.want_ri for j in todo):
                 ri_h = np.asarray(ri)
                 for r, j in enumerate(todo):
@@ -630,11 +709,14 @@ class Engine:
         st = self.st
         K = self.ec.sync_tokens
         act = st["active"]
-        window = min(self.ec.max_len, bucket(int(st["pos"][act].max()) + K, self.ec.min_window))
-        dev = {k: jnp.asarray(v) for k, v in st.items()}
+        window = min(self.ec.max_len, self._window_for(int(st["pos"][act].max()) + K))
+        if self.mesh is None:
+            dev = {k: jnp.asarray(v) for k, v in st.items()}
+        else:                                                     # per-slot state split like the slots
+            dev = sharded.place_sampling_rows(dict(st), self.mesh)
         leave = min(self.ec.refill_slots, len(self.waiting))      # 0: nobody waits, run the chunk out
         self.cache, new, outs = decode_loop(self.params, self.cache, dev, jnp.int32(leave),
-                                            cfg=self.mcfg, steps=K, window=window)
+                                            cfg=self.mcfg, steps=K, window=window, mesh=self.mesh)
         outs, new = jax.device_get((outs, new))
         steps = int(outs["steps"])
         self.stats["decode_steps"] += steps
@@ -717,15 +799,15 @@ class EngineStream:
 
 
 class EnginePolicy:
-    """The engine as the agent's policy (horizon.agent), like `sampler.make_policy`.
+    """The engine as the agent's policy (horizon.agent).
 
     `params_ref` is a `sampler.ParamsHolder` or a ``poll() -> (params, version)`` function; the
     engine polls it at every host round-trip (<= `chunk_tokens` decode steps), so a swap takes
     effect mid-generation (per-token versions, `kv_mode`). `cfg` is the full config (model +
     `rl.sampler`); `overrides` replace sampler keyword arguments (temperature, top_p, stop_tokens)
     or `EngineConfig` fields. ``policy(contexts, max_new)`` consumes a fresh split of `key` per call
-    and gives row i the key ``fold_in(split, i)``, as `make_policy`/`generate` do, hence the same
-    samples; ``policy.stream()`` (a fresh split) is the independent-episode interface. `state`
+    and gives row i the key ``fold_in(split, i)``, as `generate` does (`sampler.sequence_keys`), hence the
+    same samples; ``policy.stream()`` (a fresh split) is the independent-episode interface. `state`
     counts switches, generated tokens, prefill tokens computed / reused and seconds in engine calls
     (`gen_s`: tool calls that overlap decoding are not in it).
     """
@@ -791,26 +873,15 @@ class EnginePolicy:
         return EngineStream(self, self._split())
 
 
-# ------------------------------------------------------------------------------ the one switch
-def uses_engine(cfg) -> bool:
-    """Whether `rollout_policy` serves `cfg` with the engine: `rl.sampler.engine` is on (configs/rl_tiny.py;
-    a config without an `rl.sampler` section, e.g. a bare model config, gets `generate`) and the run has
-    no multi-device mesh (`parallel.mesh.run_mesh`): the mesh path keeps `sampler.generate`'s sharded
-    placement, which the engine does not have (module docstring)."""
-    has_sampler = "rl" in cfg and "sampler" in cfg.rl
-    return bool(has_sampler and cfg.rl.sampler.get("engine", False)) and pmesh.run_mesh(cfg) is None
-
-
+# ------------------------------------------------------------------------------ the one factory
 def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
-                   **overrides):
-    """The agent policy every caller samples with (SPEC §4, §4.1, §7): the RL loops' group rollouts
-    (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval (`rl.runtime.loop.evaluate`)
-    and the eval harness (`eval.harness.policy_from_params`). An `EnginePolicy` when `uses_engine(cfg)`,
-    else `sampler.make_policy` (lockstep `generate`: the mesh path, or `rl.sampler.engine=False`). Both
-    take `params_ref` (a `sampler.ParamsHolder` or ``poll() -> (params, version)``, polled every
-    `chunk_tokens` decode steps), give row / episode samples that depend on its own key only, and count
-    ``state["switches"]``, ``state["tokens"]`` and ``state["gen_s"]`` (seconds in generation calls)."""
-    if uses_engine(cfg):
-        return EnginePolicy(params_ref, cfg, key, chunk_tokens=chunk_tokens, kv_mode=kv_mode, **overrides)
-    return sampler.make_policy(params_ref, cfg, key, chunk_tokens=chunk_tokens,
-                               kv_mode="keep" if kv_mode is None else kv_mode, **overrides)
+                   **overrides) -> EnginePolicy:
+    """The agent policy every caller samples with (SPEC §4, §4.1, §7): an `EnginePolicy` for the RL
+    loops' group rollouts (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval
+    (`rl.runtime.loop.evaluate`) and the eval harness (`eval.harness.policy_from_params`), on one
+    device or sharded over the config's mesh (module docstring). `params_ref` is a
+    `sampler.ParamsHolder` or ``poll() -> (params, version)``, polled at every engine round-trip
+    (<= `chunk_tokens` decode steps); an episode's samples depend on its own key only; the policy
+    counts ``state["switches"]``, ``state["tokens"]`` and ``state["gen_s"]`` (seconds in engine calls).
+    `cfg` needs the `rl.sampler` section (the engine's sizes, configs/rl_tiny.py)."""
+    return EnginePolicy(params_ref, cfg, key, chunk_tokens=chunk_tokens, kv_mode=kv_mode, **overrides)

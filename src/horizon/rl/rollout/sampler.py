@@ -1,5 +1,11 @@
 """Batched autoregressive sampling with the MLA latent KV cache (SPEC §1, §4).
 
+`generate` decodes one fixed batch of prompts. Agents and every RL / eval caller sample through the
+rollout engine instead (`horizon.rl.rollout.engine.rollout_policy`), which runs this module's decode
+step (`decode_one`) and sampling (`sample_from_logits`, `token_keys`), so a request samples what
+`generate` samples for it alone with the same key; `generate` stays the reference and the fixed-batch
+path of benchmarks and tests.
+
 Layout. Prompts are **left-aligned**: row i holds its prompt at positions/cache slots
 ``0..n_i-1`` followed by padding, so every sequence sees exactly the positions it will have
 in the training forward (`transformer.forward` numbers each row 0..s-1). The padded prompt
@@ -57,7 +63,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-import time
 from typing import Callable, Sequence
 
 import jax
@@ -393,12 +398,13 @@ def sampler_kwargs_from_config(cfg) -> dict:
                 min_new_bucket=int(s.min_new_bucket), sync_tokens=int(s.sync_tokens))
 
 
-# ----------------------------------------------------------------------------- policy adapter
+# ----------------------------------------------------------------------------- weights holder
 class ParamsHolder:
     """Mutable holder for the sampler's weights + a version counter (SPEC §4.1).
 
-    The trainer (or weight-sync receiver) calls `update(new_params)`; each `policy` call reads
-    the current weights once, so a swap takes effect at the next call (between turns).
+    The trainer (or weight-sync receiver) calls `update(new_params)`; the rollout engine's policy
+    (`engine.EnginePolicy`, `engine.rollout_policy`) polls `get` at every engine round-trip, so a
+    swap takes effect at its next one (tokens tagged with the version that sampled them).
     """
 
     def __init__(self, params: dict, version: int = 0):
@@ -419,49 +425,3 @@ class ParamsHolder:
     @property
     def version(self) -> int:
         return self.get()[1]
-
-
-def make_policy(params_ref: ParamsHolder | Callable[[], tuple[dict, int]], cfg, key: jax.Array, *,
-                chunk_tokens: int = 0, kv_mode: str = "keep", **overrides) -> Callable:
-    """Adapter to the agent's batched policy interface (horizon.agent).
-
-    Returns ``policy(contexts: list[np.ndarray], max_new_tokens) -> list[Generation]``; each
-    Generation carries tokens, untempered logprobs, router indices [L_moe, m, k] and the
-    per-token policy version of the weights that sampled them. `params_ref` is a `ParamsHolder`
-    (weights read once per call: a swap takes effect at the next call, between turns) or a
-    `poll() -> (params, version)` function, polled every `chunk_tokens` decode steps (in-flight
-    updates inside a generation, `kv_mode`; e.g. `horizon.rl.runtime.workers.WeightSource.poll`). Each
-    call consumes a fresh split of `key` (deterministic sequence of calls => deterministic
-    samples). `cfg` is the full config (model + `rl.sampler`); `overrides` replace sampler kwargs
-    (e.g. temperature=0). `policy.state` counts weight switches, generated tokens and seconds in
-    generation (`gen_s`).
-    """
-    from horizon.agent import Generation  # the agent owns the type
-
-    kwargs = sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
-    kwargs.update(overrides)
-    state = {"key": key, "switches": 0, "tokens": 0, "gen_s": 0.0}
-    lock = threading.Lock()
-    inflight = not isinstance(params_ref, ParamsHolder)
-
-    def policy(contexts: list[np.ndarray], max_new_tokens: int) -> list:
-        with lock:
-            state["key"], sub = jax.random.split(state["key"])
-        t0 = time.perf_counter()
-        if inflight:
-            out = generate(None, contexts, sub, cfg=cfg, max_new_tokens=max_new_tokens, poll=params_ref,
-                           chunk_tokens=chunk_tokens, kv_mode=kv_mode, **kwargs)
-            versions = out.versions                     # per token: a switch may happen mid-generation
-        else:
-            params, version = params_ref.get()
-            out = generate(params, contexts, sub, cfg=cfg, max_new_tokens=max_new_tokens, version=version, **kwargs)
-            versions = [version] * len(out.tokens)      # one version per call
-        state["switches"] += out.switches
-        state["tokens"] += int(sum(len(t) for t in out.tokens))
-        state["gen_s"] += time.perf_counter() - t0
-        return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=v)
-                for t, lp, ri, v in zip(out.tokens, out.logprobs, out.router_indices, versions)]
-
-    policy.params_ref = params_ref
-    policy.state = state
-    return policy

@@ -175,8 +175,8 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
                    ) -> tuple[list[storage.GroupRecord], dict]:
     """One batched generation of `requests` (one generation batch) in `env` with the weights of
     `poll() -> (params, version)`, polled every `rl.sampler.chunk_tokens` decode steps (in-flight
-    updates, `rl.sampler.kv_mode`), through `engine.rollout_policy` (the rollout engine unless
-    `rl.sampler.engine` is off or a mesh is configured). A group whose sandboxes kept failing (the env's retries spent)
+    updates, `rl.sampler.kv_mode`), through `engine.rollout_policy` (the rollout engine, on one device
+    or sharded over the run's mesh). A group whose sandboxes kept failing (the env's retries spent)
     is replaced by the group of the slot's next reserve prompt (module docstring); when a slot's
     reserve is spent too, `RuntimeError` (the infrastructure, not one box, is broken). Returns
     (one `GroupRecord` per request, batch info: wall `seconds`, `gen_s` (seconds in generation calls),

@@ -177,6 +177,15 @@ def initial_params(c, key):
     return transformer.init(key, c.model)
 
 
+def warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init):
+    """experiments/rl.py's starting params: the SFT warm start (`config_edit_warm_start`), or for a
+    task set without demonstrations (the ``swebench`` family) the initial params (`initial_params`:
+    `model.init_from` or a fresh init)."""
+    if family.name == "swebench":
+        return initial_params(c, key_init)
+    return config_edit_warm_start(c, family, tok, out, log, key_init)
+
+
 def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
     """experiments/rl.py's SFT stage, from `transformer.init(key_init)` into out/<name>:
     `two_stage_sft` on the same `exp.n_sft_tasks` train tasks (`horizon.env.demos.config_edit_demos`).

@@ -1,10 +1,10 @@
 """Rollout-worker pieces: weight source and environments (SPEC §4.1).
 
 **In-flight updates**: a worker's policy is `horizon.rl.rollout.engine.rollout_policy(source.poll, cfg,
-key, chunk_tokens=..., kv_mode=...)` (through `core.rollout_groups`; the rollout engine, or on a mesh
-`sampler.generate`), which polls the weights every `chunk_tokens` decode steps (at most), switches
-mid-generation and tags every token with the version that sampled it (the engine's and the
-sampler's docstrings describe the two KV-cache policies).
+key, chunk_tokens=..., kv_mode=...)` (through `core.rollout_groups`; the rollout engine, on one device
+or the run's mesh), which polls the weights every `chunk_tokens` decode steps (at most), switches
+mid-generation and tags every token with the version that sampled it (the engine's docstring
+describes the two KV-cache policies).
 
 **Weight source.** `WeightSource` wraps `weight_sync.WeightReceiver`: `poll()` reads the
 LATEST pointer (one small file read) and rebuilds a newer version from the delta chain.

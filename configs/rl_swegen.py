@@ -1,0 +1,35 @@
+"""RL on a generated SWE-bench task set (issue 26 item 4; SPEC §4, §5, §7): `make run`'s loop
+(configs/rl_tiny.py) with the ``swebench`` family (`horizon.env.families`): train prompts from
+`exp.task.train_path`, held-out eval on `exp.task.heldout_path` (held-out repositories), each
+episode in its instance's prepared image with the agent's tools, graded per test. No SFT stage
+(a task set has no demonstrations): RL starts from `model.init_from` or the init.
+
+    python envs/build_repo_images.py --config.gen.n_candidates=60 ...     # writes runs/swegen/{train,heldout}.jsonl
+    python experiments/rl.py --config=configs/rl_swegen.py --config.exp.task.train_path=runs/swegen/train.jsonl
+"""
+
+import ml_collections
+
+from horizon.utils.config import sibling_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = sibling_config(__file__, "rl_tiny.py")
+    e = c.exp
+    e.env = "swebench"
+    e.task = ml_collections.ConfigDict(dict(
+        train_path="runs/swegen/train.jsonl",      # SWE-bench JSONL with image tags (envs/build_repo_images.py)
+        heldout_path="runs/swegen/heldout.jsonl",  # held-out repositories' instances ("" = none)
+    ))
+    e.out_dir = "runs/rl_swegen"
+    e.n_sft_tasks = 0                 # train prompts start at the first instance
+    e.pool_size = 8                   # each box runs its instance's image (reopened when the image differs)
+    e.sandbox_cpus = 1.0
+    e.sandbox_mem = "1g"
+    e.sandbox_disk_mb = 512
+    e.verify_timeout_s = 300.0        # grading runs the instance's test files
+    e.eval.n_tasks = 8
+    e.eval.passes = 1
+    c.rl.prompts_per_step = 2
+    c.rl.group_size = 4
+    return c

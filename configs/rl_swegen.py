@@ -32,4 +32,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.eval.passes = 1
     c.rl.prompts_per_step = 2
     c.rl.group_size = 4
+    # A SWE-bench prompt (problem statement + the agent's tool descriptions) is ~3k byte tokens: the
+    # context must hold it (make run's is 256; configs/eval_swegen.py makes the same choice), else
+    # every episode ends "context_full" before its first turn.
+    c.model.max_seq_len = 4096
+    c.agent.update(dict(max_turns=2, max_new_tokens=64, max_context_tokens=4000, trigger_tokens=3900,
+                        include_file_listing=False))
     return c

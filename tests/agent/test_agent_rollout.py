@@ -179,6 +179,26 @@ def test_episode_end_conditions(policy, overrides, reason):
         assert 200 <= traj.num_generated_tokens < 200 + len(LIST) + 1
 
 
+def test_first_prompt_filling_the_context_ends_without_a_policy_call():
+    """A task prompt already at `max_context_tokens` (a task set's prompt longer than the model's
+    context): the episode ends "context_full" before any turn; the policy (the engine refuses
+    max_new 0) is never called."""
+    calls = []
+
+    def policy(contexts, max_new_tokens):
+        calls.append(max_new_tokens)
+        raise AssertionError("no room: the policy must not be called")
+
+    sb = local(TASK)
+    try:
+        ep = Episode(TASK, sb, make_registry(), TOK, cfg(context_strategy="none", max_context_tokens=40,
+                                                         trigger_tokens=30, max_new_tokens=10))
+        (traj,) = run_episodes(policy, [ep], max_steps=2)
+    finally:
+        sb.close()
+    assert traj.end_reason == "context_full" and not calls and traj.num_generated_tokens == 0
+
+
 def test_truncated_generation_gets_harness_end_turn_and_max_steps():
     sb = local(TASK)
     try:

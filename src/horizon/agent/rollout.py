@@ -198,6 +198,13 @@ class Episode:
         room = int(self.cfg.max_context_tokens) - len(self.context_tokens())
         return max(0, min(limit, room))
 
+    def has_room(self) -> bool:
+        """Whether the next turn can generate at all; if not (a first prompt that already fills
+        `max_context_tokens`), the episode ends "context_full" without a policy call."""
+        if not self.done and self.max_new_tokens() <= 0:
+            self._finish("context_full")
+        return not self.done
+
     # -- transitions -----------------------------------------------------------------------
     def _finish(self, reason: str) -> None:
         if self.done:
@@ -380,7 +387,7 @@ def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int 
 
 def _run_lockstep(policy: Policy, episodes: Sequence[Episode], max_steps: int, pool) -> None:
     for _ in range(max_steps):
-        active = [e for e in episodes if not e.done]
+        active = [e for e in episodes if e.has_room()]
         if not active:
             break
         groups: dict[int, list[Episode]] = {}
@@ -433,7 +440,7 @@ def _run_independent(stream, episodes: Sequence[Episode], max_steps: int, pool) 
     while True:
         for i in ready:
             e = episodes[i]
-            if e.done or turns[i] >= max_steps:
+            if not e.has_room() or turns[i] >= max_steps:
                 stream.release(i)
                 continue
             turns[i] += 1

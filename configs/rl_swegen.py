@@ -6,6 +6,10 @@ episode in its instance's prepared image with the agent's tools, graded per test
 
     python envs/build_repo_images.py --config.gen.n_candidates=60 ...     # writes runs/swegen/{train,heldout}.jsonl
     python experiments/rl.py --config=configs/rl_swegen.py --config.exp.task.train_path=runs/swegen/train.jsonl
+
+Known limit (2026-12-04): on CPU the first train step at this 4k context ran out of memory (a 99.8 GB
+allocation in `core.train_groups`, after the step-0 held-out eval ran: 0.000 on 8 tasks); long-context
+RL here needs `model.remat` and micro-batches sized for it (issue 26).
 """
 
 import ml_collections

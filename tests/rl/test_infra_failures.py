@@ -141,6 +141,7 @@ def test_eval_harness_reruns_an_episode_whose_sandbox_died():
         return [_call_turn(tok, call) for _ in contexts]
 
     c.agent.max_turns = 1
+    c.agent.max_context_tokens = 2048   # the harness's prompt carries the tool descriptions: > make run's 240
     setup = EvalSetup(agent_cfg=c.agent, tokenizer=tok, registry_fn=lambda t: synthetic_registry(), num_passes=1,
                       max_parallel=1, backend="local", open_fn=open_fn, check_edits=False)
     recs = run_eval(policy, [task], setup)

@@ -9,6 +9,13 @@ RL died at a 27 GB allocation on a 23 GB machine once its chain batch passed 64 
 
     .venv/bin/python benchmarks/rl_step_memory.py --config=configs/selfsum_tiny.py --rows 128 --seq 1024 \
         --micro-rows 32
+    .venv/bin/python benchmarks/rl_step_memory.py --config=configs/rl_swegen.py --rows 0 --micro-rows 8 4 2
+
+The numbers come from `horizon.rl.memory.step_memory` (the step compiled from abstract shapes),
+the same computation as the pre-run check experiments/rl.py makes (`rl.memory_check`). `--rows 0`
+measures the config's own largest batch (`memory.max_step_shape`: prompts_per_step x group_size
+chains of the most segments, max_context_tokens long) instead of `--rows` one-segment chains of
+`--seq` tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import numpy as np
 
 from horizon.agent import Segment, Trajectory
 from horizon.model import transformer
+from horizon.rl import memory
 from horizon.rl.maths import batch as rlbatch
 from horizon.rl.maths import trainer
 from horizon.utils.config import load_config_file
@@ -50,29 +58,38 @@ def synthetic_groups(c, rows: int, seq: int, group_size: int, seed: int = 0):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/selfsum_tiny.py")
-    ap.add_argument("--rows", type=int, default=128)
+    ap.add_argument("--rows", type=int, default=128, help="one-segment chains; 0 = the config's largest batch")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--micro-rows", type=int, nargs="*", default=[],
                     help="also measure micro-batches of these many rows (remat off and on)")
-    ap.add_argument("--run", action="store_true", help="also run and time one step per setting")
+    ap.add_argument("--remat", choices=("both", "off", "on"), default="both")
+    ap.add_argument("--run", action="store_true",
+                    help="also run and time one step per setting (those that fit the available memory)")
     a = ap.parse_args(argv)
     c = load_config_file(a.config)
     G = int(c.rl.group_size)
-    groups, rewards = synthetic_groups(c, a.rows, a.seq, G)
-    for remat, micro in [(r, n) for n in [0, *a.micro_rows] for r in (False, True)]:
+    groups, rewards = synthetic_groups(c, a.rows, a.seq, G) if a.run and a.rows > 0 else (None, None)
+    remats = {"both": (False, True), "off": (False,), "on": (True,)}[a.remat]
+    avail = memory.host_available_bytes()
+    print(f"host memory available now: {avail / 2**30:.2f} GiB", flush=True)
+    for remat, micro in [(r, n) for n in [0, *a.micro_rows] for r in remats]:
         cs = ml_collections.ConfigDict(c.to_dict())
         cs.model.remat = remat
         cs.rl.batch.micro_rows = micro
-        b = {k: jax.numpy.asarray(v) for k, v in rlbatch.build_batch_from_config(groups, rewards, cs).items()}
-        state = trainer.init_state(transformer.init(jax.random.key(0), cs.model), cs)
+        shape = (memory.max_step_shape(cs) if a.rows <= 0 else
+                 memory.step_shape(cs, chains=a.rows, segments_per_chain=1, seq=a.seq))
         t0 = time.time()
-        compiled = trainer.compile_train_step(state, b, cfg=cs)
-        mem = compiled.memory_analysis()
-        shape = "x".join(str(d) for d in b["tokens"].shape)
-        line = (f"remat={remat!s:5} micro_rows={micro:<3d} batch {shape}: "
-                f"temp {mem.temp_size_in_bytes / 2**30:.2f} GiB, args {mem.argument_size_in_bytes / 2**30:.2f} GiB, "
-                f"out {mem.output_size_in_bytes / 2**30:.2f} GiB (compile {time.time() - t0:.0f}s)")
-        if a.run:
+        mem = memory.step_memory(cs, shape)
+        line = (f"remat={remat!s:5} micro_rows={micro:<3d} {mem.line()}, step peak {mem.needed / 2**30:.2f} GiB "
+                f"(compile {time.time() - t0:.0f}s)")
+        if a.run and mem.needed > avail:
+            line += ", not run (more than the available memory)"
+        elif a.run:
+            if groups is None:
+                raise SystemExit("--run needs --rows > 0 (synthetic chains)")
+            b = {k: jax.numpy.asarray(v) for k, v in rlbatch.build_batch_from_config(groups, rewards, cs).items()}
+            state = trainer.init_state(transformer.init(jax.random.key(0), cs.model), cs)
+            compiled = trainer.compile_train_step(state, b, cfg=cs)
             t0 = time.time()
             state, m = compiled(state, b)
             jax.block_until_ready(m)

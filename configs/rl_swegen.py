@@ -8,8 +8,12 @@ episode in its instance's prepared image with the agent's tools, graded per test
     python experiments/rl.py --config=configs/rl_swegen.py --config.exp.task.train_path=runs/swegen/train.jsonl
 
 Known limit (2026-12-04): on CPU the first train step at this 4k context ran out of memory (a 99.8 GB
-allocation in `core.train_groups`, after the step-0 held-out eval ran: 0.000 on 8 tasks); long-context
-RL here needs `model.remat` and micro-batches sized for it (issue 26).
+allocation in `core.train_groups`, after the step-0 held-out eval ran: 0.000 on 8 tasks): the one-pass
+step over the 32-row bucket needs 92.9 GiB of temporaries (XLA's count; 99.8 GB). Now sized from
+benchmarks/rl_step_memory.py (docs/PERF.md, issue 26): `model.remat` and `rl.batch.micro_rows=4`, 7.35 GiB,
+and experiments/rl.py refuses in one line, before any sandbox or eval, a setting that would not fit
+(`rl.memory_check`). One synthetic train step at this shape ran (151 s on 2 shared cores); the
+end-to-end run has not been repeated (no task set / instance images on that machine).
 """
 
 import ml_collections
@@ -42,4 +46,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.max_seq_len = 4096
     c.agent.update(dict(max_turns=2, max_new_tokens=64, max_context_tokens=4000, trigger_tokens=3900,
                         include_file_listing=False))
+    # The train step at 4k tokens (benchmarks/rl_step_memory.py --config=configs/rl_swegen.py --rows 0, XLA's
+    # temporaries; docs/PERF.md, issue 26): the one-pass 32-row bucket (8 chains padded to rl.batch.min_rows)
+    # needs 92.9 GiB (57.1 GiB with remat); micro-batches of 8 / 4 / 2 chains with remat 14.7 / 7.4 / 3.7 GiB.
+    c.model.remat = True              # each layer recomputed in the backward pass: -37% temporaries here
+    c.rl.batch.micro_rows = 4         # gradient accumulation over 2 micro-batches of 4 chains: 7.4 GiB, a third
+    #                                   of this 23 GB machine (rl.memory_check guards the rest)
     return c

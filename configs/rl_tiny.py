@@ -143,6 +143,15 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           chains each; activation memory scales with it, not with the batch)
         truncated_reasons=("token_budget", "context_full", "max_steps"),  # agent end reasons = truncated
     ))
+    # --- pre-run memory check (horizon.rl.memory; experiments/rl.py, before sandboxes, SFT and evals): XLA's
+    #     memory of the train step compiled for the largest batch the run can produce (prompts_per_step x
+    #     group_size chains of the most segments, agent.max_context_tokens long), vs the machine's
+    r.memory_check = ml_collections.ConfigDict(dict(
+        enabled=True,             # False = skip (the run may then die at its first train step)
+        fraction=0.8,             # share of the available memory the step may take (the rest: rollout engine
+        #                           caches, Python, sandboxes' host side)
+        budget_gib=0.0,           # memory to compare with, GiB; 0 = measured now (host RAM on CPU, a device's free)
+    ))
     # --- train step (horizon.rl.maths.trainer.train_step)
     r.router_replay = True        # replay inference-time experts in the trainer forward (SPEC §4.1)
     r.update_router_bias = True   # aux-loss-free bias update from the (real-token) router load

@@ -30,11 +30,10 @@ Pipeline.
 3. Eval: at step 0, every `exp.eval.every` steps and at the end, `exp.eval.passes` sampled passes over
    `exp.eval.n_tasks` held-out tasks (std over passes = eval noise; best-of-K = solved by any pass).
 
-Bad config values stop in one line, exit code 2, before anything starts (`model.init_from`: an HF
-checkpoint dir's architecture, weights and tokenizer.json, `hf_import.apply_init_from`). Outputs in `exp.out_dir`:
-config.json, metrics.jsonl (one record per SFT log / RL step / eval, `phase` field), orbax
-checkpoints (sft/ and ckpt/ = RLState + prompt-sampler state; a rerun resumes from the latest),
-rewards.png (mean and best-of-K vs step, train and held-out) and summary.json (must-show numbers).
+Bad config values (`model.init_from`: `hf_import.apply_init_from`) and a train step too big for the
+machine (`rl.memory_check`) stop in one line, exit code 2, before anything starts. Outputs in `exp.out_dir`:
+config.json, metrics.jsonl (one record per SFT log / RL step / eval, `phase` field), orbax checkpoints (sft/,
+ckpt/ = RLState + prompt sampler: a rerun resumes), rewards.png and summary.json (must-show numbers).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ import numpy as np
 
 from horizon.agent.prompt import Message, render, task_text
 from horizon.model import hf_import
-from horizon.rl import checks
+from horizon.rl import checks, memory as rlmemory
 from horizon.rl.rollout import sampler
 from horizon.rl.runtime import loop, workers
 from horizon.tools.format import tool_format
@@ -118,6 +117,7 @@ def main(argv=None):
     c = load_config(argv)
     t_start = time.time()
     out, tok, log, family = loop.start_run(c)
+    rlmemory.preflight(c, prog="experiments/rl.py")
     keys = run_keys(c.seed)
     env = workers.family_env(c)
     print(f"{len(env.pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)

@@ -25,7 +25,8 @@ from horizon.utils.seeds import KEY_NAMES, run_keys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOCAL = ["--config.exp.backend=local", "--config.exp.eval.n_tasks=2", "--config.exp.eval.passes=1",
-         "--config.exp.plot=false", "--config.exp.steps=1", "--config.rl.optim.warmup_steps=0"]
+         "--config.exp.plot=false", "--config.exp.steps=1", "--config.rl.optim.warmup_steps=0",
+         "--config.rl.memory_check.enabled=false"]     # no real train step here (tests/rl/test_memory.py has it)
 
 
 def _driver(name: str):

@@ -173,3 +173,19 @@ def test_split_microbatches_refuses_a_chain_longer_than_a_micro_batch():
         rlbatch.split_microbatches(b, 1, pad_id=TOK.pad_id)
     with pytest.raises(ValueError, match="micro_rows must be >= 1"):
         rlbatch.split_microbatches(b, 0, pad_id=TOK.pad_id)
+
+
+@pytest.mark.parametrize("micro", [0, 2])
+def test_batch_shapes_match_built_batches(micro):
+    """`batch_shapes` (the abstract batch of horizon.rl.memory) has `build_batch`'s / the split's
+    fields, shapes and dtypes."""
+    groups = make_groups(G=3, n_groups=2)
+    b = build(groups, [[1.0, 0.0, 0.5], [0.0, 1.0, 1.0]])
+    R, S = b["tokens"].shape
+    M = 1
+    if micro:
+        b = rlbatch.split_microbatches(b, micro, pad_id=TOK.pad_id)
+        M = b["tokens"].shape[0]
+    spec = rlbatch.batch_shapes(R, S, groups=b["group_valid"].shape[0], group_size=3, num_moe_layers=L,
+                                experts_per_tok=K, micro_rows=micro, microbatches=M)
+    assert spec == {k: (v.shape, v.dtype) for k, v in b.items()}

@@ -84,6 +84,9 @@ def validate_rl(c, steps: int) -> None:
     for k in ("min_rows", "min_seq", "min_groups"):
         need_int(b, k, "rl.batch", lo=1)
     need_int(b, "micro_rows", "rl.batch", lo=0)
+    if "memory_check" in r:           # horizon.rl.memory
+        need_float(r.memory_check, "fraction", "rl.memory_check", 0.0, 1.0, lo_open=True)
+        need_float(r.memory_check, "budget_gib", "rl.memory_check", 0.0)
     need(int(r.optim.steps) == steps, "rl.optim.steps", r.optim.steps, f"must equal the run's steps ({steps})")
     validate_optim_config(r.optim, "rl.optim", steps, "exp.steps")
     need_int(r, "checkpoint_every", "rl", lo=1)

@@ -207,6 +207,26 @@ def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *, pad_id:
     return out
 
 
+def batch_shapes(rows: int, seq: int, *, groups: int, group_size: int, num_moe_layers: int, experts_per_tok: int,
+                 micro_rows: int = 0, microbatches: int = 1) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{field: (shape, dtype)} of `build_batch`'s arrays for R = `rows`, S = `seq`, Nb = `groups`
+    (bucketed sizes, as `build_batch` makes them), or with `micro_rows` > 0 of `split_microbatches`'
+    M = `microbatches` micro-batches of that many rows: the abstract batch of a step that has not
+    run yet (`horizon.rl.memory`; tests/rl/test_batch.py checks it against real batches)."""
+    L, k, G = int(num_moe_layers), int(experts_per_tok), int(group_size)
+    lead = (int(microbatches), int(micro_rows)) if micro_rows > 0 else (int(rows),)
+    n = int(np.prod(lead[-1:])) * int(seq)
+    i32, f32, b8 = np.dtype(np.int32), np.dtype(np.float32), np.dtype(bool)
+    out = {name: (lead + (int(seq),), dt) for name, dt in
+           (("tokens", i32), ("valid", b8), ("loss_mask", b8), ("sampler_logprobs", f32), ("policy_versions", i32))}
+    out.update({name: (lead, dt) for name, dt in (("advantages", f32), ("row_chain", i32), ("row_segment", i32),
+                                                   ("row_group", i32), ("truncated", b8))})
+    out["replay_indices"] = (lead[:-1] + (L, n, k), i32)
+    out.update(chain_advantages=((int(groups) * G,), f32), group_rewards=((int(groups), G), f32),
+               group_valid=((int(groups),), b8))
+    return out
+
+
 def permute_rows(batch: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
     """`batch` with its rows in `order` (``[R]``, or ``[M, r]`` for a split batch: each micro-batch's
     rows permuted within it), replay indices moved with their rows; group-level fields unchanged.

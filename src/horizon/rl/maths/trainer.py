@@ -324,13 +324,18 @@ def _train_step_jit(state, batch, *, cfg, mesh=None):
 
 
 def _step_args(state, batch: dict, cfg):
-    """(mesh or None, frozen step config, placed batch) of a `train_step` call."""
+    """(mesh or None, frozen step config, placed batch) of a `train_step` call. A batch of
+    `jax.ShapeDtypeStruct`s (an abstract step, `compile_train_step`) gets the shardings instead."""
     mesh = pmesh.run_mesh(cfg)
     c = cfg if mesh is None else sharded.configure(cfg, cp_layout="natural")
     frozen = c if isinstance(c, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(c)
+    abstract = any(isinstance(v, jax.ShapeDtypeStruct) for v in batch.values())
     if mesh is None:
-        return None, frozen, {k: jnp.asarray(v) for k, v in batch.items()}
-    return mesh, frozen, jax.device_put(dict(batch), batch_shardings(batch, mesh))
+        return None, frozen, dict(batch) if abstract else {k: jnp.asarray(v) for k, v in batch.items()}
+    sh = batch_shardings(batch, mesh)
+    if abstract:
+        return mesh, frozen, {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh[k]) for k, v in batch.items()}
+    return mesh, frozen, jax.device_put(dict(batch), sh)
 
 
 def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
@@ -346,7 +351,9 @@ def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
 
 def compile_train_step(state: RLState, batch: dict, *, cfg):
     """Ahead-of-time compiled `train_step` for this state and batch shape (for memory, cost and
-    collective analysis: `.memory_analysis()`, `.cost_analysis()`, `.as_text()`)."""
+    collective analysis: `.memory_analysis()`, `.cost_analysis()`, `.as_text()`). `state` and
+    `batch` may be abstract (`jax.ShapeDtypeStruct` leaves, placed on the run's mesh for a state:
+    `horizon.rl.memory.abstract_state`): nothing is allocated."""
     mesh, frozen, b = _step_args(state, batch, cfg)
     if mesh is None:
         return _train_step_jit.lower(state, b, cfg=frozen).compile()

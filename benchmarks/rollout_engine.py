@@ -73,15 +73,8 @@ def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256, distinct_firs
 
 
 def timed(fn, make_input, warmup: int, reps: int):
-    """fn(make_input(r)) timed over `reps` fresh inputs after `warmup` calls; (median s, all, last output)."""
-    for w in range(warmup):
-        fn(make_input(10_000 + w))
-    ts, out = [], None
-    for r in range(reps):
-        x = make_input(r)
-        t0 = time.perf_counter()
-        out = fn(x)
-        ts.append(time.perf_counter() - t0)
+    """(median s, all, last output) of fn(make_input(r)) (`sampling.timed`: fresh inputs, untimed)."""
+    out, ts = sampling.timed(fn, warmup, reps, make_input=make_input)
     return statistics.median(ts), ts, out
 
 

@@ -27,13 +27,18 @@ from horizon.model import hf_import, transformer  # noqa: E402
 from horizon.rl.rollout import sampler  # noqa: E402
 
 
-def timed(fn, warmup: int, reps: int):
-    for _ in range(warmup):
-        out = fn()
+def timed(fn, warmup: int, reps: int, make_input=None):
+    """(last output, seconds per call) of `reps` timed calls after `warmup` untimed ones. With
+    `make_input(r)`, each call gets a fresh input built outside the timer: fn(make_input(r))."""
+    args = (lambda r: ()) if make_input is None else (lambda r: (make_input(r),))
+    out = None
+    for w in range(warmup):
+        out = fn(*args(10_000 + w))
     times = []
-    for _ in range(reps):
+    for r in range(reps):
+        x = args(r)
         t0 = time.perf_counter()
-        out = fn()
+        out = fn(*x)
         times.append(time.perf_counter() - t0)
     return out, times
 

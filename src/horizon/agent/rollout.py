@@ -169,6 +169,7 @@ class Episode:
             listing = self._file_listing() if cfg.include_file_listing else None
         except SandboxInfraError as e:
             listing, dead = None, e
+        self._ctx_cache: tuple[list, np.ndarray | None] = ([], None)   # (messages rendered, their ids)
         self.messages = [Message("system", system_prompt(registry, self.fmt), kind="system"),
                          Message("user", task_text(task, listing), kind="task")]
         if dead is not None:
@@ -189,8 +190,14 @@ class Episode:
         return len(render(messages, self.tok, add_generation_prompt=True).tokens)
 
     def context_tokens(self) -> Int[np.ndarray, "n"]:
-        """The ids to generate from (ends with a bare ASSISTANT token)."""
-        return render(self.messages, self.tok, add_generation_prompt=True).tokens
+        """The ids to generate from (ends with a bare ASSISTANT token). Rendered once per message
+        list: a turn asks for them up to three times (`has_room`, `max_new_tokens`, the policy),
+        and messages are only ever appended or replaced, never edited in place."""
+        cached, tokens = self._ctx_cache
+        if len(cached) != len(self.messages) or any(a is not b for a, b in zip(cached, self.messages)):
+            tokens = render(self.messages, self.tok, add_generation_prompt=True).tokens
+            self._ctx_cache = (list(self.messages), tokens)
+        return tokens
 
     def max_new_tokens(self) -> int:
         """Generation limit for the next turn (summary turns get the strategy's limit)."""
@@ -256,8 +263,7 @@ class Episode:
         if self.phase == "act" and self.stats["turns"] >= int(self.cfg.max_turns):
             return self._finish("max_turns")
         self._maybe_compact()
-        if not self.done and self.max_new_tokens() <= 0:
-            self._finish("context_full")
+        self.has_room()
 
     def _think_tokens(self, thinking: str, m: int) -> int:
         return min(m, len(self.tok.encode(f"<think>{thinking}</think>"))) if thinking else 0

@@ -2,7 +2,7 @@
 
 Three keys arrive at different times — key.txt, then "key #Z" lines in 4.log and 8.log
 (`key_recall.late_key_logs`) — and the answer is every key in order ("#Q #Z #B", exact match).
-With the same trigger (400 byte tokens) a self-summary chain reads key.txt and three logs, summarizes
+With the same trigger (200 BPE tokens) a self-summary chain reads key.txt and three logs, summarizes
 (key 1), reads three more (key 2), summarizes again (keys 1 and 2: the second summary must carry
 forward what the first held), reads the last two logs (key 3) and answers: two summaries per
 chain, three segments (tests/tasks/test_key_relay.py pins it for every strategy's demonstrator).
@@ -21,10 +21,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.out_dir = "runs/selfsum_relay"
     # the stage-1 curriculum's short chains: 2 keys over 2 logs, one summary (the copy forms there first)
     e.sft.clean_mix = ml_collections.ConfigDict(dict(
-        a_short=dict(task=dict(n_logs=2, n_keys=2, log_lines=1), agent=dict(trigger_tokens=200)),
+        a_short=dict(task=dict(n_logs=2, n_keys=2, log_lines=1), agent=dict(trigger_tokens=100)),
         b_full=dict(),
     ))
     c.agent.max_turns = 16            # 9 reads + the answer, and room for malformed turns
-    c.agent.max_total_tokens = 3072   # 2 x the key_recall budget: five more reads; prompt compaction summarizes after
-    #                                   nearly every log (its ~260-token summary leaves the context near the trigger)
+    c.agent.max_total_tokens = 1536   # 2 x the key_recall budget: five more reads; prompt compaction summarizes after
+    #                                   nearly every log (its ~130-token summary leaves the context near the trigger)
     return c

@@ -7,22 +7,33 @@ runs RL from it once per strategy with the same trigger, token budget, prompts a
 evaluates each on held-out seeds (issue 25). The model, agent and RL sections are set here
 directly: the returned config is the one the run uses.
 
-Sizes (byte tokens, `horizon.tasks.key_recall` with 3 logs of 3 lines and a one-letter key,
-measured on 32 rendered demos): the key's observation sits 272 tokens before the summary. The
-trigger (400) fires after the last log, so the key's observation is gone when the answer is
-due unless a summary kept it: one summary per chain for both summarizing strategies — a
-self-summary of 37 tokens vs a 10-section compaction of 250 (segments up to 806 tokens, hence
-max_context 960) — while the sliding window keeps the last calls only and drops the key's
-observation. Demo chains: 306 (self-summary), 519 (compaction), 392 (window) model tokens, all
-under the 1536 budget; the summarizing condenser keeps ~200 recent tokens after a 4-section
-summary (406 model tokens), observation masking notes the key in its own turn (290 decoded tokens;
-its kept turns are trained again in the second segment).
+Tokens: the repo's BPE (envs/tokenizers/bpe1024.json, configs/rl_tiny_bpe.py), not bytes. It
+halves every chain (2.0-2.1x on each strategy's demos, measured on 8 chains each) and keeps the key
+letter its own token, so SFT rows of 512 hold what 1024 bytes did, at about a quarter of the
+attention cost: the study's 2-hour budget needs it (docs/PERF.md). Every budget below is the byte
+config's halved (but the condenser's summary: 96, see there), and the demonstrators behave as they
+did at byte level (same summaries per chain, same successes; `KeyRecallDemoPolicy`, 8 train tasks):
+
+| strategy | decoded tokens, max segment (short chains) | (the experiment's chains) |
+|---|---|---|
+| self_summary | 94, 145 | 158, 261 (1 summary) |
+| prompt_compaction | 193, 309 | 263, 431 (1 summary) |
+| summarizing_condenser | 134, 204 | 204, 326 (1 summary) |
+| observation_masking | 90, 153 | 154, 256 (key noted in its own turn) |
+| sliding_window | 77, 120 (1 of 8 right: the key's read is still in the window) | 141, 236 (0 of 8) |
+
+The key's observation is gone when the answer is due unless a memory kept it: the trigger (200)
+fires after the last log.
 """
 
 import ml_collections
 
+import pathlib
+
 from horizon.tasks import key_recall
 from horizon.utils.config import sibling_config
+
+BPE_FILE = pathlib.Path(__file__).resolve().parents[1] / "envs" / "tokenizers" / "bpe1024.json"
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -45,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
         copy_threshold=0.8,           # post-SFT key-in-summary every summarizing strategy should reach (issue 25)
     ))
     e.quick = False                   # True: merge quick_overrides below (a short run that shows the pipeline)
-    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # NOT timed yet: the scoping run sizes them
+    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # NOT timed yet (docs/PERF.md, issue 25)
         seeds=(0,), n_sft_tasks=256, steps=4, check_tasks=8, eval=dict(n_tasks=16, passes=2),
         sft=dict(clean_steps=800, steps=100, probe_every=0),
     )))
@@ -56,25 +67,27 @@ def get_config() -> ml_collections.ConfigDict:
     e.demo_sandboxes = 16
     # --- two-stage warm start (horizon.rl.runtime.loop.two_stage_sft)
     e.sft.clean_steps = 1200          # stage 1: correct chains of every strategy, an equal share of trained tokens each
-    #                                   (env.selfsum.balance_rows), where the key copy forms. With self-summary chains
-    #                                   alone: loss flat until step ~700, then the copy (1.00 / 0.92 key accuracy in
-    #                                   summary / answer at 1200; docs/PERF.md); the shared schedule is not measured yet
-    # Stage-1 curriculum: clean chains of two sizes, key.txt's observation 86 and 272 tokens before the
-    # summary (the second is the experiment's own chains), so the lookup cannot key on the distance.
+    #                                   (env.selfsum.balance_rows), where the key copy forms. Byte chains, self-summary
+    #                                   only: loss flat until step ~700, then the copy (1.00 / 0.92 at 1200). Scoping
+    #                                   (benchmarks/selfsum_scope.py, docs/PERF.md): with this equal-share mix in BPE,
+    #                                   neither 600 steps (peak 3e-3 or 1e-2) nor these 1200 formed it (2 seeds each)
+    # Stage-1 curriculum: clean chains of two sizes (1 log of 1 line vs the experiment's own chains:
+    # key.txt's observation 86 vs 272 byte tokens before the summary), so the lookup cannot key on the distance.
     e.sft.clean_mix = ml_collections.ConfigDict(dict(   # name -> overrides, taken in name order
-        a_short=dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=200)),
+        a_short=dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=100)),
         b_full=dict(),
     ))
-    e.sft.clean_seq_len = 1024        # stage 1 now holds every strategy: compaction segments reach ~806 tokens (with
-    e.sft.clean_batch_size = 8        #   self-summary alone 16 x 512 rows were 1.3 vs 3 s/step on 2 cores)
+    e.sft.clean_seq_len = 512         # stage 1 holds every strategy: compaction segments reach 431 tokens (the table
+    e.sft.clean_batch_size = 8        #   above); attention dominates the step (8 x 1024 byte rows cost 4x 32 x 256)
     e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy formed as it decayed, not at constant 1e-2
     e.sft.steps = 300                 # stage 2: every strategy, `corrupt_prob` lossy summaries
     e.sft.optim.lr = 2e-3             # stage 2 peak lr: at 1e-2 stage 2 undid the copy (summary 0.69 -> 0.08,
     #                                   docs/PERF.md); lower, it learns the other strategies' formats on top of it
     e.sft.batch_size = 8
-    e.sft.seq_len = 1024              # demo segments (<= max_context_tokens + 1) packed into rows of this many tokens
+    e.sft.seq_len = 512               # demo segments (<= max_context_tokens + 1) packed into rows of this many tokens
     e.sft.corrupt_prob = 0.1          # lossy demo summaries: a decoy (none here: another letter) instead of the key
     #                                   (an SFT policy that imitates them loses the key in that share of summaries)
+    e.sft.remat = False               # SFT rows (8 x 512) fit without recompute (model.remat: the RL trainer's)
     e.sft.log_every = 50
     e.sft.probe_every = 200           # key-copy check (experiments/selfsum.py copy_probe) during both SFT stages
     e.sft.probe_tasks = 8             #   on this many held-out chains (~10 s per probe on 2 cores)
@@ -82,24 +95,28 @@ def get_config() -> ml_collections.ConfigDict:
     e.eval.n_tasks = 48
     e.eval.passes = 2
     e.eval.every = 0                  # evaluate at step 0 (the SFT policy) and at the end only
-    c.model.max_seq_len = 1024
-    c.model.remat = True              # RL chain batches reach 128 rows x 1024 tokens: without remat the trainer
-    #                                   step needed a 27 GB buffer on CPU (docs/PERF.md)
+    c.model.tokenizer = str(BPE_FILE)
+    c.model.vocab_size = 1024
+    c.model.max_seq_len = 512
+    c.model.remat = False             # byte chains needed it (128 x 1024 rows: a 27 GB buffer on CPU, docs/PERF.md);
+    #                                   BPE rows are half as long: 128 x 512 needs 7.09 GiB without remat, 3.55 GiB
+    #                                   in micro-batches of 64 rows (benchmarks/rl_step_memory.py)
     c.agent.update(dict(
-        max_turns=12, max_new_tokens=96,  # a read call is ~60 tokens, with a masking note ~82, the final answer ~18
-        max_total_tokens=1536,            # the same generated-token budget for every strategy
-        max_context_tokens=960, trigger_tokens=400,   # room for the compaction query + its ~250-token summary
-        summary_max_tokens=64, compaction_max_tokens=320,
+        max_turns=12, max_new_tokens=48,  # a read call is ~30 tokens, with a masking note ~40, the final answer ~9
+        max_total_tokens=768,             # the same generated-token budget for every strategy
+        max_context_tokens=480, trigger_tokens=200,   # room for the compaction query + its ~125-token summary
+        summary_max_tokens=32, compaction_max_tokens=160,
         sliding_window_keep_fraction=0.75,
         summary_query=key_recall.SUMMARY_QUERY, compaction_prompt=key_recall.COMPACTION_QUERY,
         condenser_prompt=key_recall.CONDENSER_QUERY, observation_placeholder=key_recall.MASK_PLACEHOLDER,
-        condenser_max_tokens=160, condenser_keep_first=0,
-        condenser_keep_recent_fraction=0.75,   # head + 4-section summary are ~190 tokens: 0.5 x 400 would keep no turn
+        condenser_max_tokens=96, condenser_keep_first=0,   # key_relay's 4 sections reach ~85 (80 cut them)
+        condenser_keep_recent_fraction=0.85,   # head + 4-section summary ~110 tokens: 0.85 x 200 keeps the last turn
         observation_masking_keep_recent=1,
         summary_header=key_recall.SUMMARY_HEADER, state_template=key_recall.STATE_TEMPLATE,
         include_file_listing=False, max_malformed_calls=2, num_tool_workers=8, tool_timeout_s=20.0,
         context_strategy="self_summary",  # replaced per run by each of exp.strategies
     ))
-    c.rl.sampler.update(dict(min_batch_bucket=32, min_prompt_bucket=128, min_new_bucket=64))
-    c.rl.batch.update(dict(min_rows=32, min_seq=256))
+    c.rl.sampler.update(dict(min_batch_bucket=32, min_prompt_bucket=64, min_new_bucket=32))
+    c.rl.batch.update(dict(min_rows=32, min_seq=128,
+                           micro_rows=64))     # gradient accumulation over whole chains: memory bounded per pass
     return c

@@ -40,7 +40,7 @@ import jax
 from horizon.env import selfsum as ss
 from horizon.env.rollouts import SandboxPool
 from horizon.model import transformer
-from horizon.rl import checks
+from horizon.rl import checks, memory as rlmemory
 from horizon.rl.rollout import engine, sampler
 from horizon.rl.runtime import loop, workers
 from horizon.utils import cli
@@ -96,6 +96,7 @@ def run_seed(c) -> dict:
 def main(argv=None):
     c = load_config(argv)
     t_start = time.time()
+    rlmemory.preflight(c, prog="experiments/selfsum.py")     # the RL step must fit before hours of SFT
     per_seed = {}
     for seed in c.exp.seeds:
         cs = copy.deepcopy(c)

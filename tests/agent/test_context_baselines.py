@@ -10,7 +10,7 @@ import pytest
 from horizon.agent import Message, ObservationMasking, SummarizingCondenser, make_strategy, run_episodes, split_turns
 from horizon.agent.rollout import validate_agent_config
 from horizon.agent.summarize import ContextState
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 from horizon.env.demos import KeyRecallDemoPolicy
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox
@@ -18,7 +18,7 @@ from horizon.tasks import key_recall as kr
 from horizon.tasks import verify
 from horizon.utils.config import ConfigError, load_config_file
 
-TOK = ByteTokenizer()
+TOK = tokenizer_from_config(load_config_file("configs/selfsum_tiny.py"))   # the study's BPE
 
 
 def history():
@@ -82,7 +82,7 @@ def test_config_fields_and_validation():
     a = agent("summarizing_condenser")
     st = make_strategy(a)
     assert isinstance(st, SummarizingCondenser) and st.query_text == kr.CONDENSER_QUERY
-    assert st.summary_max_tokens == a.condenser_max_tokens and st.target == int(0.75 * a.trigger_tokens)
+    assert st.summary_max_tokens == a.condenser_max_tokens and st.target == int(a.condenser_keep_recent_fraction * a.trigger_tokens)
     for strategy, bad, field in [("observation_masking", dict(observation_masking_keep_recent=-1), "keep_recent"),
                                  ("observation_masking", dict(observation_placeholder="{x}"), "placeholder"),
                                  ("summarizing_condenser", dict(condenser_keep_recent_fraction=1.0), "fraction"),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from horizon.agent import run_episodes
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 from horizon.env import selfsum as ss
 from horizon.env import selfsum_metrics as sm
 from horizon.env.demos import KeyRecallDemoPolicy, mask_final_turn
@@ -20,7 +20,7 @@ from horizon.sandbox import open_sandbox
 from horizon.tasks import verify
 from horizon.utils.config import ConfigError, load_config_file
 
-TOK = ByteTokenizer()
+TOK = tokenizer_from_config(load_config_file("configs/selfsum_tiny.py"))   # the study's BPE
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REPORT = ml_collections.ConfigDict(dict(bootstrap_samples=2000, ci_level=0.95, bootstrap_seed=0, copy_threshold=0.8))
 
@@ -107,6 +107,34 @@ def test_copy_check_lines_and_table():
     assert "success vs prompt_compaction:" in md and "paired diff prompt_compaction - self-summary per seed -0.500" in md
 
 
+def test_key_token_positions_find_each_memory_and_answer():
+    """The copy check's scored positions under the study's BPE (where " #" is one token and the
+    letter another) and under bytes: every strategy's memory kind and the answer, each a key letter."""
+    from horizon.data.tokenizer import ByteTokenizer
+    from horizon.env.demos import ordered_keys
+
+    c = load_config_file("configs/selfsum_tiny.py")
+    c.exp.n_sft_tasks, c.exp.demo_sandboxes = 2, 2
+    fam = family_from_config(c.exp)
+    want = {"self_summary": {"summary", "final"}, "prompt_compaction": {"summary", "final"},
+            "summarizing_condenser": {"summary", "final"}, "observation_masking": {"note", "final"},
+            "sliding_window": set()}                     # its answer is a guess: the key left the context
+    for s, kinds in want.items():
+        got = set()
+        for tokens, mask in ss.demo_rows(fam, c, TOK, (s,), 0.0):
+            for i in ss.key_token_positions(tokens, mask, ordered_keys(TOK.decode(tokens)), TOK):
+                assert TOK.decode([int(tokens[i])]) in c.exp.task.key_alphabet and mask[i]
+                got.add(ss.memory_kind(TOK.decode(tokens[:i])))
+        assert got == kinds, s
+    byte = ByteTokenizer()
+    t = byte.encode("key #Q seen<summary>key #Q</summary><final>#Q</final>")
+    m = np.zeros(len(t), bool)
+    m[11:] = True                                        # the observation's key is not trained on
+    pos = ss.key_token_positions(t, m, ["Q"], byte)
+    assert [byte.decode([t[i]]) for i in pos] == ["Q", "Q"]
+    assert [ss.memory_kind(byte.decode(t[:i])) for i in pos] == ["summary", "final"]
+
+
 def test_episode_record_on_scripted_episodes():
     c = load_config_file("configs/selfsum_tiny.py")
     fam = family_from_config(c.exp)
@@ -126,7 +154,7 @@ def test_episode_record_on_scripted_episodes():
     clean, lossy = out[("self_summary", 0.0)], out[("self_summary", 1.0)]
     assert clean["solved"] and not clean["compaction_error"] and clean["summaries"] == 1 and clean["rewrites"] == 1
     assert not lossy["solved"] and lossy["compaction_error"]            # the summary lost the key
-    assert clean["generated_tokens"] == 306 and 0 < clean["prefill_tokens"]
+    assert clean["generated_tokens"] == 158 and 0 < clean["prefill_tokens"]   # configs/selfsum_tiny.py docstring table
     window = out[("sliding_window", 0.0)]
     assert window["compaction_error"] == (not window["solved"])        # the window dropped the key
     assert out[("observation_masking", 0.0)]["solved"] and not out[("observation_masking", 0.0)]["compaction_error"]

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import ByteTokenizer, tokenizer_from_config
 from horizon.rl.runtime import loop
 from horizon.env.families import family_from_config
 from horizon.utils.config import load_config_file
@@ -118,12 +118,12 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
     c = load_config_file(ROOT / "configs" / "selfsum_tiny.py")
     c.exp.n_sft_tasks, c.exp.demo_sandboxes, c.exp.demo_backend = 2, 2, "local"
     c.exp.sft.clean_mix = ml_collections.ConfigDict(dict(
-        b_full={}, a_short=dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=200))))   # name order
+        b_full={}, a_short=dict(task=dict(n_logs=1, log_lines=1), agent=dict(trigger_tokens=100))))   # name order
     ml_collections.FrozenConfigDict(c)                           # the trainer freezes the whole config
-    tok = ByteTokenizer(c.model.vocab_size)
+    tok = tokenizer_from_config(c)                                # the study's BPE
     s1 = mod.stage1_configs(c)
-    assert [(s.exp.task.n_logs, s.agent.trigger_tokens) for s in s1] == [(1, 200), (3, 400)]
-    assert c.exp.task.n_logs == 3 and c.agent.trigger_tokens == 400          # the experiment itself is untouched
+    assert [(s.exp.task.n_logs, s.agent.trigger_tokens) for s in s1] == [(1, 100), (3, 200)]
+    assert c.exp.task.n_logs == 3 and c.agent.trigger_tokens == 200          # the experiment itself is untouched
     c2 = copy.deepcopy(c)
     c2.exp.strategies = ("self_summary",)
     demos = mod.warm_start_demos(family_from_config(c2.exp), c2, tok)
@@ -165,3 +165,27 @@ def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
     np.testing.assert_array_equal(seen[-1], np.asarray(p["lm_head"]))
     assert not np.array_equal(seen[0], head0) and not np.array_equal(seen[0], seen[1])
     assert recs[-1]["head_sum"] == pytest.approx(float(np.asarray(p["lm_head"]).sum()))
+
+
+@pytest.mark.parametrize("sft_remat,model_remat,want", [(None, True, True), (False, True, False), (True, False, True)])
+def test_sft_remat_overrides_the_model_remat_for_sft_only(monkeypatch, tmp_path, sft_remat, model_remat, want):
+    """`exp.sft.remat` (when set) is the recompute SFT's LM step is built with; `model.remat` (the RL
+    trainer's) is left as it was."""
+    from horizon.model import transformer
+    from horizon.parallel import sharded
+
+    c = load_config_file(ROOT / "configs" / "rl_tiny.py")
+    c.model.remat = model_remat
+    if sft_remat is not None:
+        c.exp.sft.remat = sft_remat
+    seen = []
+
+    def stop(sc, mesh, shapes):
+        seen.append(bool(sc.model.remat))
+        raise RuntimeError("built")
+
+    monkeypatch.setattr(sharded, "make_lm_train_step", stop)
+    params = transformer.init(jax.random.PRNGKey(0), c.model)
+    with pytest.raises(RuntimeError, match="built"):
+        loop.run_sft(params, [], c, tmp_path, lambda r: None)
+    assert seen == [want] and bool(c.model.remat) == model_remat

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from horizon.agent import run_episodes
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 from horizon.tasks import key_recall as kr
 from horizon.tasks import verify
 from horizon.env.demos import KeyRecallDemoPolicy, key_recall_demos
@@ -19,7 +19,7 @@ from horizon.env.families import family_from_config, make_episode
 from horizon.tools.registry import ToolContext, ToolState
 from horizon.utils.config import load_config_file
 
-TOK = ByteTokenizer()
+TOK = tokenizer_from_config(load_config_file("configs/selfsum_tiny.py"))   # the study's BPE
 
 
 @pytest.fixture(scope="module")

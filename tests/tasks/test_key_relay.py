@@ -7,14 +7,14 @@ import ml_collections
 import pytest
 
 from horizon.agent import run_episodes, split_turns
-from horizon.data.tokenizer import ByteTokenizer
+from horizon.data.tokenizer import tokenizer_from_config
 from horizon.env.demos import KeyRecallDemoPolicy
 from horizon.env.families import family_from_config, make_episode
 from horizon.tasks import key_recall as kr
 from horizon.tasks import verify
 from horizon.utils.config import load_config_file
 
-TOK = ByteTokenizer()
+TOK = tokenizer_from_config(load_config_file("configs/selfsum_relay.py"))   # the study's BPE
 
 
 @pytest.fixture(scope="module")

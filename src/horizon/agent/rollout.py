@@ -169,7 +169,7 @@ class Episode:
             listing = self._file_listing() if cfg.include_file_listing else None
         except SandboxInfraError as e:
             listing, dead = None, e
-        self._ctx_cache: tuple[list, np.ndarray | None] = ([], None)   # (messages rendered, their ids)
+        self._ctx_cache: tuple[list, np.ndarray | None] = ([], None)   # (messages rendered, ids)
         self.messages = [Message("system", system_prompt(registry, self.fmt), kind="system"),
                          Message("user", task_text(task, listing), kind="task")]
         if dead is not None:

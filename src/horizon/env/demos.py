@@ -53,8 +53,8 @@ def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrup
                      ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Demonstration chains of `KeyRecallDemoPolicy` through the real agent loop, one
     segment per row. `sandboxes` (any backend; commands are the env's own `cat`s) are reused
-    in chunks; `map_fn` may run resets in threads. Under observation masking the demonstrator
-    notes each key in its own next turn (`notes`: the memory masking keeps). With
+    in chunks, their tool calls in as many threads; `map_fn` may run resets in threads. Under
+    observation masking the demonstrator notes each key in its own next turn (`notes`: the memory masking keeps). With
     `correct_finals_only` a chain's final answer is trained on only when it is right (a sliding
     window's answer is a guess: its reads are still its own correct demonstration)."""
     policy = KeyRecallDemoPolicy(tok, corrupt_prob, seed, key_alphabet,
@@ -65,7 +65,7 @@ def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrup
         chunk = tasks[i:i + n]
         list(map_fn(family.reset, sandboxes[:len(chunk)], chunk))
         eps = [make_episode(family, t, sb, tok, agent_cfg) for t, sb in zip(chunk, sandboxes)]
-        for t, tr in zip(chunk, run_episodes(policy, eps)):
+        for t, tr in zip(chunk, run_episodes(policy, eps, num_tool_workers=n)):   # reads run in n threads
             if tr.infra:        # a sandbox failure cut the chain short: not a demonstration (issue 21)
                 print(f"[demos] {tr.task_id}: sandbox failed ({tr.failure[:120]}); chain dropped", flush=True)
                 continue

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -45,17 +46,19 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
     tasks = family.tasks("train", int(c.exp.n_sft_tasks)) if tasks is None else tasks
     boxes = [open_sandbox(c.exp.demo_backend, c.exp.sandbox_image if c.exp.demo_backend == "docker" else None)
              for _ in range(int(c.exp.demo_sandboxes))]
+    pool = ThreadPoolExecutor(len(boxes))          # resets in threads: an exec mostly waits on its process
     try:
         rows = {}
         for s in strategies:
             t0 = time.time()
             rows[s] = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
                                        seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet),
-                                       correct_finals_only=correct_finals_only)
+                                       correct_finals_only=correct_finals_only, map_fn=pool.map)
             print(f"demos {s} (lossy memories {corrupt_prob:.2f}): {len(tasks)} chains -> {len(rows[s])} segments, "
                   f"{sum(int(m.sum()) for _, m in rows[s])} trained tokens ({time.time() - t0:.0f}s)", flush=True)
         return rows if per_strategy else [r for s in strategies for r in rows[s]]
     finally:
+        pool.shutdown()
         for b in boxes:
             b.close()
 
@@ -131,6 +134,27 @@ def memory_kind(before: str) -> str:
     return "final"
 
 
+def key_token_positions(tokens, mask, keys, tok) -> list[int]:
+    """Indices of the trained tokens that write a key letter (the letter after `KEY_MARK`), for any
+    tokenizer: each token's character span comes from decoding the prefix, so a BPE that merges
+    the marker with a space (" #", then "Q") is matched as bytes are. The letter is its own token
+    under both of the repo's tokenizers (configs/selfsum_tiny.py); a token that merged it with
+    other text would be scored as a whole."""
+    ends = np.cumsum([len(tok.decode([int(t)])) for t in tokens])
+    text = tok.decode(tokens)
+    if len(text) != (ends[-1] if len(ends) else 0):       # not per-token decodable: no positions
+        return []
+    out = []
+    for key in set(keys):
+        at = text.find(key_recall.KEY_MARK + key)
+        while at >= 0:
+            i = int(np.searchsorted(ends, at + len(key_recall.KEY_MARK), side="right"))  # the letter's token
+            if 0 < i < len(tokens) and mask[i]:
+                out.append(i)
+            at = text.find(key_recall.KEY_MARK + key, at + 1)
+    return sorted(set(out))
+
+
 def key_copy_check(params, family, c, tok) -> dict:
     """The SFT gate, without sampling or sandboxes: on clean demo chains of `exp.check_tasks`
     held-out tasks, per strategy, the teacher-forced accuracy of each key's letter where the
@@ -151,12 +175,8 @@ def key_copy_check(params, family, c, tok) -> dict:
             n = len(tokens)
             padded = np.pad(np.asarray(tokens, np.int32), (0, -n % 128))[None]     # few shapes: few compiles
             pred = np.asarray(jnp.argmax(_logits(params, jnp.asarray(padded), cfg=model_cfg), -1))[0]
-            for key in keys:
-                pat = tok.encode(key_recall.KEY_MARK + key)
-                for i in range(n - len(pat) + 1):
-                    if mask[i] and all(tokens[i + j] == pat[j] for j in range(len(pat))):
-                        kind = memory_kind(tok.decode(tokens[:i]))
-                        hits[kind] += [bool(pred[i + j - 1] == tokens[i + j]) for j in range(1, len(pat))]
+            for i in key_token_positions(tokens, mask, keys, tok):
+                hits[memory_kind(tok.decode(tokens[:i]))].append(bool(pred[i - 1] == tokens[i]))
         for kind, h in hits.items():
             if h:
                 out[f"{s}_{kind}_key_acc"] = float(np.mean(h))

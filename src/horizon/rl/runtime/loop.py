@@ -89,7 +89,8 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
     schedule sized to `steps`); resumes from out/<name> if a finished checkpoint is there.
     `rows` may be a zero-argument callable, called only when there is no checkpoint.
     `steps`, `seq_len`, `batch_size` (and `lr`, the peak of `c.exp.sft.optim`) override
-    `c.exp.sft`'s for this call only. `probe(params) -> {name: float}`, if given, runs every
+    `c.exp.sft`'s for this call only; `exp.sft.remat`, if set, replaces `model.remat` for SFT (whose
+    rows may fit without the RL trainer's recompute). `probe(params) -> {name: float}`, if given, runs every
     `probe_every` steps and at the end, and its numbers join the log record (e.g. selfsum's
     key-copy accuracy, to see when a copy forms); it reads the params only."""
     s = c.exp.sft
@@ -210,7 +211,10 @@ def _sft_state(params, c):
     s = c.exp.sft
     train = ml_collections.ConfigDict(s.optim.to_dict())
     train.steps = int(s.steps)            # the schedule spans this stage (checks.validate_sft: warmup < steps)
-    sc = ml_collections.ConfigDict(dict(model=c.model, train=train, mesh=c.mesh))
+    model = ml_collections.ConfigDict(c.model.to_dict())
+    if s.get("remat") is not None:        # SFT rows may not need the RL trainer's recompute (issue 25)
+        model.remat = bool(s.remat)
+    sc = ml_collections.ConfigDict(dict(model=model, train=train, mesh=c.mesh))
     opt = lm.optimizer(params, sc)
     return sc, lm.TrainState(jnp.zeros((), jnp.int32), params, opt.init(params), jax.random.PRNGKey(0))
 

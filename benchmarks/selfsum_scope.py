@@ -44,10 +44,8 @@ def scope_seed(c, family, tok, log) -> dict:
         return chk
 
     t0 = time.time()
-    loop.run_sft(transformer.init(run_keys(c.seed)["init"], c.model), lambda: ss.warm_start_demos(family, c, tok)(True),
-                 c, out, log, name="sft_clean", steps=int(s.clean_steps), seq_len=s.get("clean_seq_len"),
-                 batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"), probe=probed,
-                 probe_every=int(s.probe_every))
+    loop.clean_sft(transformer.init(run_keys(c.seed)["init"], c.model),
+                   lambda: ss.warm_start_demos(family, c, tok)(True), c, out, log, name="sft_clean", probe=probed)
     wall = time.time() - t0
     every = int(s.probe_every)
     steps = [min((i + 1) * every, int(s.clean_steps)) for i in range(len(history))]

@@ -247,13 +247,13 @@ def preflight(c, *, prog: str) -> StepMemory | None:
     driver with the one-line error and exit code 2 (`cli.fail`)."""
     from horizon.utils import cli  # noqa: PLC0415
 
-    if not bool(c.rl.get("memory_check", {}).get("enabled", False)):
-        return None
     t0 = time.time()
     try:
         mem = check_step_memory(c)
     except ConfigError as e:
         cli.fail(str(e), prog=prog)
+    if mem is None:                       # rl.memory_check off
+        return None
     print(f"memory check: the train step needs {mem.needed / GIB:.2f} GiB for its largest batch "
           f"({mem.line()}; {time.time() - t0:.0f}s)", flush=True)
     return mem

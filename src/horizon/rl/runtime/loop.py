@@ -159,13 +159,19 @@ def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, l
     stage that has no checkpoint yet; a finished out/<name> skips both. `probe` (see
     `run_sft`) runs every `exp.sft.probe_every` steps of both stages (0 or absent: never)."""
     s = c.exp.sft
-    n_clean = int(s.get("clean_steps", 0))
-    pr = dict(probe=probe, probe_every=int(s.get("probe_every", 0) or 0))
-    if n_clean > 0 and not (out / name).is_dir():
-        params = run_sft(params, lambda: demos(True), c, out, log, name=f"{name}_clean", steps=n_clean,
-                         seq_len=s.get("clean_seq_len"), batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"),
-                         **pr)
-    return run_sft(params, lambda: demos(False), c, out, log, name=name, **pr)
+    if int(s.get("clean_steps", 0)) > 0 and not (out / name).is_dir():
+        params = clean_sft(params, lambda: demos(True), c, out, log, name=f"{name}_clean", probe=probe)
+    return run_sft(params, lambda: demos(False), c, out, log, name=name, probe=probe,
+                   probe_every=int(s.get("probe_every", 0) or 0))
+
+
+def clean_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str, probe=None):
+    """Stage 1 of `two_stage_sft` alone: `run_sft` with `exp.sft.clean_steps` and the clean stage's
+    row shape and lr (benchmarks/selfsum_scope.py times when a copy forms in it)."""
+    s = c.exp.sft
+    return run_sft(params, rows, c, out, log, name=name, steps=int(s.clean_steps), seq_len=s.get("clean_seq_len"),
+                   batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"), probe=probe,
+                   probe_every=int(s.get("probe_every", 0) or 0))
 
 
 def initial_params(c, key):

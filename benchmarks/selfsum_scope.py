@@ -20,7 +20,6 @@ import time
 from horizon.agent.summarize import SUMMARIZING
 from horizon.env import selfsum as ss
 from horizon.model import transformer
-from horizon.rl import checks
 from horizon.rl.runtime import loop
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
@@ -55,9 +54,8 @@ def scope_seed(c, family, tok, log) -> dict:
 
 
 def main(argv=None):
-    c = cli.load(argv, default="configs/selfsum_tiny.py", validate=lambda c: (checks.validate_experiment(c, None),
-                                                                               ss.validate_study(c)),
-                 derive=ss.apply_quick, doc=__doc__, prog="benchmarks/selfsum_scope.py")
+    c = cli.load(argv, default="configs/selfsum_tiny.py", validate=ss.validate_config, derive=ss.apply_quick,
+                 doc=__doc__, prog="benchmarks/selfsum_scope.py")
     res = {}
     for seed in c.exp.seeds:
         cs = copy.deepcopy(c)

@@ -33,6 +33,7 @@ def agent_config() -> ml_collections.ConfigDict:
     a.compaction_prompt = ""          # prompt_compaction's long, sectioned query
     a.condenser_prompt = ""           # summarizing_condenser's query (OpenHands-style state sections)
     a.observation_placeholder = ""    # observation_masking's stand-in for an old tool output ({lines} field)
+    a.context_notes = ml_collections.ConfigDict()   # strategy -> one line added to the system prompt (empty: none)
     a.summary_header = ""             # prefix of the summary message in the new context
     a.state_template = ""             # conversation-state message: {summaries} {turns} {max_turns} {todos}
     a.tool_timeout_s = 30.0           # default run_shell / helper-command timeout

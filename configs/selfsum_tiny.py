@@ -23,7 +23,8 @@ did at byte level (same summaries per chain, same successes; `KeyRecallDemoPolic
 | sliding_window | 77, 120 (1 of 8 right: the key's read is still in the window) | 141, 236 (0 of 8) |
 
 The key's observation is gone when the answer is due unless a memory kept it: the trigger (200)
-fires after the last log.
+fires after the last log. (Measured before `agent.context_notes`, which adds 12-17 prompt tokens to every
+segment: decoded tokens are unchanged; a masking chain now rewrites its context twice.)
 """
 
 import ml_collections
@@ -60,17 +61,17 @@ def get_config() -> ml_collections.ConfigDict:
         seeds=(0,), n_sft_tasks=256, steps=4, check_tasks=8, eval=dict(n_tasks=16, passes=2),
         sft=dict(clean_steps=800, steps=100, probe_every=0),
     )))
-    e.steps = 12                      # RL steps per strategy
-    e.n_sft_tasks = 1024              # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
+    e.steps = 4                       # RL steps per strategy (~25 s each alone on 2 cores: the 2-hour budget, PERF.md)
+    e.n_sft_tasks = 512               # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs;
     #                                   a docker demo backend uses exp.sandbox_image)
     e.demo_sandboxes = 16
     # --- two-stage warm start (horizon.rl.runtime.loop.two_stage_sft)
     e.sft.clean_steps = 1200          # stage 1: correct chains of every strategy, an equal share of trained tokens each
-    #                                   (env.selfsum.balance_rows), where the key copy forms. Byte chains, self-summary
-    #                                   only: loss flat until step ~700, then the copy (1.00 / 0.92 at 1200). Scoping
-    #                                   (benchmarks/selfsum_scope.py, docs/PERF.md): with this equal-share mix in BPE,
-    #                                   neither 600 steps (peak 3e-3 or 1e-2) nor these 1200 formed it (2 seeds each)
+    #                                   (env.selfsum.balance_rows), where the key copy forms. Scoping (benchmarks/
+    #                                   selfsum_scope.py, docs/PERF.md): unweighted, 1200 steps formed it in no seed
+    #                                   (2 tried); with clean_key_weight 10 it formed by step 800 in seeds 1 and 2
+    #                                   (0.81, 0.94) and was forming at 1200 in seed 0 (0.38 in the self-summary)
     # Stage-1 curriculum: clean chains of two sizes (1 log of 1 line vs the experiment's own chains:
     # key.txt's observation 86 vs 272 byte tokens before the summary), so the lookup cannot key on the distance.
     e.sft.clean_mix = ml_collections.ConfigDict(dict(   # name -> overrides, taken in name order
@@ -79,6 +80,8 @@ def get_config() -> ml_collections.ConfigDict:
     ))
     e.sft.clean_seq_len = 512         # stage 1 holds every strategy: compaction segments reach 431 tokens (the table
     e.sft.clean_batch_size = 8        #   above); attention dominates the step (8 x 1024 byte rows cost 4x 32 x 256)
+    e.sft.clean_key_weight = 10.0     # stage-1 loss weight of every strategy's key-letter tokens, alike for all
+    #                                   (selfsum.weight_key_tokens): ~2% of the trained tokens are the copy; 1 = off
     e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy formed as it decayed, not at constant 1e-2
     e.sft.steps = 300                 # stage 2: every strategy, `corrupt_prob` lossy summaries
     e.sft.optim.lr = 2e-3             # stage 2 peak lr: at 1e-2 stage 2 undid the copy (summary 0.69 -> 0.08,
@@ -92,7 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
     e.sft.probe_every = 200           # key-copy check (experiments/selfsum.py copy_probe) during both SFT stages
     e.sft.probe_tasks = 8             #   on this many held-out chains (~10 s per probe on 2 cores)
     e.check_tasks = 24                # held-out chains for the teacher-forced key copy check after SFT
-    e.eval.n_tasks = 48
+    e.eval.n_tasks = 24               # x passes x seeds: 144 episodes per strategy in the table
     e.eval.passes = 2
     e.eval.every = 0                  # evaluate at step 0 (the SFT policy) and at the end only
     c.model.tokenizer = str(BPE_FILE)
@@ -113,6 +116,9 @@ def get_config() -> ml_collections.ConfigDict:
         condenser_keep_recent_fraction=0.85,   # head + 4-section summary ~110 tokens: 0.85 x 200 keeps the last turn
         observation_masking_keep_recent=1,
         summary_header=key_recall.SUMMARY_HEADER, state_template=key_recall.STATE_TEMPLATE,
+        context_notes=ml_collections.ConfigDict(key_recall.CONTEXT_NOTES),  # each strategy's regime, in its
+        #   system prompt: without it a policy SFT'd on every strategy cannot tell at the first turn whether it
+        #   runs under masking (it wrote masking's first note with p 0.12; docs/PERF.md, 2026-12-05)
         include_file_listing=False, max_malformed_calls=2, num_tool_workers=8, tool_timeout_s=20.0,
         context_strategy="self_summary",  # replaced per run by each of exp.strategies
     ))

@@ -40,7 +40,7 @@ import jax
 from horizon.env import selfsum as ss
 from horizon.env.rollouts import SandboxPool
 from horizon.model import transformer
-from horizon.rl import checks, memory as rlmemory
+from horizon.rl import memory as rlmemory
 from horizon.rl.rollout import engine, sampler
 from horizon.rl.runtime import loop, workers
 from horizon.utils import cli
@@ -49,11 +49,8 @@ from horizon.utils.seeds import run_keys
 
 def load_config(argv=None):
     """The validated config of `argv` (exit 2 with one line on bad input); `exp.quick` applied first."""
-    def validate(c):
-        checks.validate_experiment(c, None)
-        ss.validate_study(c)
-    return cli.load(argv, default="configs/selfsum_tiny.py", validate=validate, derive=ss.apply_quick, doc=__doc__,
-                    prog="experiments/selfsum.py")
+    return cli.load(argv, default="configs/selfsum_tiny.py", validate=ss.validate_config, derive=ss.apply_quick,
+                    doc=__doc__, prog="experiments/selfsum.py")
 
 
 def policy_fn(c):
@@ -77,20 +74,23 @@ def run_seed(c) -> dict:
           + "\n  ".join(ss.copy_check_lines(chk, c.exp.strategies, float(c.exp.report.copy_threshold))), flush=True)
     heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
     pool = SandboxPool.from_config(c)
-    results, t_rl = {}, {}
+    logged = lambda: ss.logged_results(out / "metrics.jsonl", c.seed, c.exp.strategies, c.exp.steps)  # noqa: E731
+    results, t_rl = logged(), {}                   # strategies a killed run finished are not run again
+    if results:
+        print(f"seed {c.seed}: {sorted(results)} finished in an earlier run: their logged evals are reused", flush=True)
     try:
-        for s in c.exp.strategies:
+        for s in [s for s in c.exp.strategies if s not in results]:
             t1 = time.time()
             cs = ss.with_strategy(c, s)
             env = workers.family_env(cs, pool=pool)      # borrows the pool: every strategy in the same sandboxes
             ev = ss.study_evaluator(env, heldout, cs, tok, strategy=s, policy_fn=policy_fn(cs))
-            res = loop.run_rl(params, env, cs, tok, out / s, log, evaluate=ev, tag=f"seed {c.seed} {s}: ")["evals"]
-            results[s] = {"start": res[min(res)], "end": res[max(res)]}
+            loop.run_rl(params, env, cs, tok, out / s, log, evaluate=ev, tag=f"seed {c.seed} {s}: ")
+            results[s] = logged()[s]                     # a resumed run's step-0 eval is an earlier process's
             t_rl[s] = time.time() - t1
     finally:
         pool.close()
         log.close()
-    return dict(results=results, copy_check=chk, sft_s=t_sft, rl_s=t_rl)
+    return dict(results={s: results[s] for s in c.exp.strategies}, copy_check=chk, sft_s=t_sft, rl_s=t_rl)
 
 
 def main(argv=None):

@@ -112,9 +112,12 @@ def episode():
 
 def test_masking_episode_context(episode):
     t, ep, tr, reward = episode("observation_masking")
-    assert reward == 1.0 and tr.end_reason == "final" and tr.stats["summaries"] == 0 and len(tr.segments) == 2
-    first, last = (split_turns(s.tokens, TOK) for s in tr.segments)
+    # masking rewrites the context each time it passes the trigger: twice here (the strategy's system note,
+    # agent.context_notes, makes the prompt ~15 tokens longer than the once this test first pinned)
+    assert reward == 1.0 and tr.end_reason == "final" and tr.stats["summaries"] == 0 and len(tr.segments) == 3
+    first, last = (split_turns(s.tokens, TOK) for s in (tr.segments[0], tr.segments[-1]))
     key = t.metadata["key"]
+    assert first[0] == ("system", f"{kr.SYSTEM_PROMPT} {kr.CONTEXT_NOTES['observation_masking']}")
     assert ("observation", f"key #{key}\n") in first                    # read before the trigger...
     obs = [x for r, x in last if r == "observation"]
     assert obs[:3] == [kr.MASK_PLACEHOLDER] * 3 and obs[3] == t.files["3.log"]   # ...masked after it, but the last
@@ -136,3 +139,20 @@ def test_condenser_episode_context(episode):
     assert len(tr.segments[1].tokens) - len(split_turns(tr.segments[1].tokens, TOK)[-1][1]) < 400
     _, _, tr, reward = episode("summarizing_condenser", corrupt=1.0)                 # a lossy condensation
     assert reward == 0.0
+
+
+def test_context_note_joins_the_system_prompt_of_its_strategy_only():
+    """`agent.context_notes`: the running strategy's line ends the system prompt (the study's policy
+    must know its regime from the first token); other strategies' prompts are unchanged; a key that
+    is no strategy is a one-line config error."""
+    from horizon.agent.summarize import with_context_note
+
+    c = load_config_file("configs/selfsum_tiny.py")
+    cfg = ml_collections.ConfigDict(c.agent.to_dict())
+    cfg.context_strategy = "observation_masking"
+    assert with_context_note("Tool: read(path).", cfg) == "Tool: read(path). Old tool outputs get omitted."
+    cfg.context_notes = ml_collections.ConfigDict({"self_summary": "Context full: you summarize."})
+    assert with_context_note("Tool: read(path).", cfg) == "Tool: read(path)."      # no line for masking
+    cfg.context_notes = ml_collections.ConfigDict({"self_sumary": "typo"})
+    with pytest.raises(ConfigError, match=r"agent\.context_notes\.self_sumary"):
+        validate_agent_config(cfg)

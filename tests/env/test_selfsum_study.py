@@ -133,6 +133,9 @@ def test_key_token_positions_find_each_memory_and_answer():
     pos = ss.key_token_positions(t, m, ["Q"], byte)
     assert [byte.decode([t[i]]) for i in pos] == ["Q", "Q"]
     assert [ss.memory_kind(byte.decode(t[:i])) for i in pos] == ["summary", "final"]
+    _, w = ss.weight_key_tokens(t, m.astype(np.float32), byte, 10.0)   # stage 1's exp.sft.clean_key_weight
+    assert sorted(np.nonzero(w == 10.0)[0].tolist()) == pos and np.all(w[m & (w != 10.0)] == 1.0)
+    assert np.all(w[~m] == 0.0)                          # untrained positions stay untrained
 
 
 def test_episode_record_on_scripted_episodes():
@@ -221,3 +224,22 @@ def test_study_pipeline_smoke(tmp_path):
     assert md.count("\n| ") == 5
     ss.plot(rows, tmp_path / "selfsum.png")
     assert (tmp_path / "selfsum.png").stat().st_size > 1000
+
+
+def test_logged_results_reuse_only_finished_strategies(tmp_path):
+    """A rerun of a killed study takes a strategy from its seed's metrics.jsonl only when both its
+    step-0 and its last eval are there (the last record of a step wins); other seeds' are ignored."""
+    import json
+
+    ev = lambda run, step, mean: dict(phase="eval", run=run, step=step, heldout_mean=mean, episodes=[])  # noqa: E731
+    recs = [ev("seed 0 self_summary", 0, 0.4), dict(phase="rl", run="seed 0 self_summary", step=1),
+            ev("seed 0 self_summary", 4, 0.5), ev("seed 0 self_summary", 4, 0.6),      # a resumed rerun's end
+            ev("seed 0 prompt_compaction", 0, 0.3),                                      # killed mid-RL
+            ev("seed 1 sliding_window", 0, 0.0), ev("seed 1 sliding_window", 4, 0.1)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = ss.logged_results(path, 0, ("self_summary", "prompt_compaction", "sliding_window"), 4)
+    assert set(got) == {"self_summary"}
+    assert (got["self_summary"]["start"]["heldout_mean"], got["self_summary"]["end"]["heldout_mean"]) == (0.4, 0.6)
+    assert ss.logged_results(path, 0, ("self_summary",), 12) == {}                 # a longer run is not finished
+    assert ss.logged_results(tmp_path / "absent.jsonl", 0, ("self_summary",), 4) == {}

@@ -33,7 +33,8 @@ import numpy as np
 from jaxtyping import Bool, Float, Int
 
 from horizon.agent.prompt import Message, render, system_prompt, task_text
-from horizon.agent.summarize import STRATEGIES, ContextState, make_strategy, validate_strategy_options
+from horizon.agent.summarize import (STRATEGIES, ContextState, make_strategy, validate_strategy_options,
+                                     with_context_note)
 from horizon.tools.format import FORMATS, ParseError, tool_format
 from horizon.rl.maths.rewards import STATS_KEYS
 from horizon.sandbox.base import SandboxInfraError, SandboxResourceError
@@ -170,7 +171,8 @@ class Episode:
         except SandboxInfraError as e:
             listing, dead = None, e
         self._ctx_cache: tuple[list, np.ndarray | None] = ([], None)   # (messages rendered, ids)
-        self.messages = [Message("system", system_prompt(registry, self.fmt), kind="system"),
+        sys_text = with_context_note(system_prompt(registry, self.fmt), cfg)   # + the strategy's note, if any
+        self.messages = [Message("system", sys_text, kind="system"),
                          Message("user", task_text(task, listing), kind="task")]
         if dead is not None:
             self._fail(INFRA_END, dead)

@@ -296,6 +296,15 @@ def summary_budget_field(strategy: str) -> str | None:
             "summarizing_condenser": "condenser_max_tokens"}.get(strategy)
 
 
+def with_context_note(system_text: str, cfg) -> str:
+    """`system_text` plus the one line `cfg.context_notes` gives the running `cfg.context_strategy`
+    (none: unchanged). It tells the policy its context regime from the first token: a policy SFT'd
+    on several strategies' chains otherwise cannot tell, before anything was masked or summarized,
+    whether to keep a note (issue 25: a masking policy wrote its first note with p 0.12, docs/PERF.md)."""
+    note = str((cfg.get("context_notes") or {}).get(str(cfg.context_strategy), "") or "")
+    return f"{system_text} {note}".strip() if note else system_text
+
+
 def validate_strategy_options(cfg, prefix: str, used) -> None:
     """The option fields of the strategies in `used` (names in `STRATEGIES`), read only when one
     is used (configs without them stay valid): summary budgets below `max_context_tokens`, the
@@ -303,6 +312,9 @@ def validate_strategy_options(cfg, prefix: str, used) -> None:
     split (the sliding window's fraction is checked by `validate_agent_config` always). Raises
     `ConfigError` naming the field."""
     ctx = int(cfg.max_context_tokens)
+    for s, note in (cfg.get("context_notes") or {}).items():
+        need(s in STRATEGIES and isinstance(note, str), f"{prefix}.context_notes.{s}", note,
+             f"keys must be strategies {STRATEGIES}, values one line of text")
     for s in used:
         f = summary_budget_field(s)
         if f is not None:

@@ -110,14 +110,28 @@ def warm_start_demos(family, c, tok):
     (`stage1_configs`), stage 2 on the experiment's tasks with the same `exp.sft.corrupt_prob` share
     of lossy memories for every strategy."""
     strategies = tuple(c.exp.strategies)
+    weight = float(c.exp.sft.get("clean_key_weight", 1.0) or 1.0)
 
     def demos(clean: bool):
         if clean:
-            return [r for cs in stage1_configs(c) for r in balance_rows(
+            rows = [r for cs in stage1_configs(c) for r in balance_rows(
                 demo_rows(family_from_config(cs.exp), cs, tok, strategies, 0.0, per_strategy=True,
                           correct_finals_only=True))]
+            return [weight_key_tokens(t, m, tok, weight) for t, m in rows] if weight != 1.0 else rows
         return balance_rows(demo_rows(family, c, tok, strategies, float(c.exp.sft.corrupt_prob), per_strategy=True))
     return demos
+
+
+def weight_key_tokens(tokens, mask, tok, weight: float):
+    """(tokens, mask) with the loss weight of every trained key-letter token (`key_token_positions`:
+    in a summary, a masking note or an answer, of any strategy) multiplied by `weight`: stage 1's
+    `exp.sft.clean_key_weight`. Applied after `balance_rows`, to every strategy alike; the copy is
+    ~2% of a chain's trained tokens, and its gradient is what forms the lookup (docs/PERF.md)."""
+    m = np.asarray(mask, np.float32).copy()
+    keys = ordered_keys(tok.decode(tokens))
+    for i in key_token_positions(tokens, m, keys, tok):
+        m[i] *= weight
+    return tokens, m
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -259,6 +273,29 @@ def study_evaluator(env, tasks, c, tok, *, strategy: str, policy_fn):
                                            seed=int(c.seed))
 
 
+def logged_results(path, seed: int, strategies, steps: int) -> dict:
+    """{strategy: {"start": eval, "end": eval}} for each of `strategies` whose run logged both its
+    step-0 and its step-`steps` eval (`loop.run_rl`'s records, run tag "seed <k> <strategy>") in the
+    seed's metrics.jsonl `path`; the last record of a step wins. A rerun of a killed study takes a
+    finished strategy from here instead of running it again, and a strategy whose RL resumed from
+    its checkpoint (no new step-0 eval) still gets its start (nothing lost)."""
+    import json
+    import pathlib
+
+    p = pathlib.Path(path)
+    got: dict = {}
+    for line in p.read_text().splitlines() if p.exists() else ():
+        rec = json.loads(line)
+        if rec.get("phase") == "eval":
+            got[(rec.get("run"), int(rec["step"]))] = rec
+    out = {}
+    for s in strategies:
+        start, end = got.get((f"seed {seed} {s}", 0)), got.get((f"seed {seed} {s}", int(steps)))
+        if start is not None and end is not None:
+            out[s] = {"start": start, "end": end}
+    return out
+
+
 # ----------------------------------------------------------------------------- config: quick mode, validation
 def apply_quick(c) -> None:
     """`exp.quick=True`: merge `exp.quick_overrides` (sections -> fields, from the config file)
@@ -267,6 +304,15 @@ def apply_quick(c) -> None:
         over = ml_collections.ConfigDict(c.exp.quick_overrides.to_dict())
         for section, fields in over.items():
             deep_merge(c[section], fields)
+
+
+def validate_config(c) -> None:
+    """The study drivers' `cli.load` validation (experiments/selfsum.py, benchmarks/selfsum_scope.py):
+    `rl.checks.validate_experiment`, then `validate_study`."""
+    from horizon.rl import checks  # noqa: PLC0415  (the RL layer's checks read the env families)
+
+    checks.validate_experiment(c, None)
+    validate_study(c)
 
 
 def validate_study(c) -> None:

@@ -65,6 +65,14 @@ COMPACTION_QUERY = "Summarize in 10 sections: " + ", ".join(f"{i} {s}" for i, s 
 CONDENSER_SECTIONS = ("context", "completed", "pending", "state")    # OpenHands' condenser sections, shortened
 CONDENSER_QUERY = "Summarize the older steps: " + ", ".join(CONDENSER_SECTIONS) + "."
 MASK_PLACEHOLDER = "(old output omitted)"
+CONTEXT_NOTES = {       # `agent.context_notes`: one line per strategy, what happens when the context fills up
+    "self_summary": "Context full: you summarize.",
+    "prompt_compaction": "Context full: it is compacted.",
+    "summarizing_condenser": "Context full: old steps condensed.",
+    "observation_masking": "Old tool outputs get omitted.",
+    "sliding_window": "Context full: old turns dropped.",
+    "none": "",
+}
 SUMMARY_HEADER = "Summary: "
 STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
 _PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")

@@ -84,7 +84,7 @@ def run_seed(c) -> dict:
             cs = ss.with_strategy(c, s)
             env = workers.family_env(cs, pool=pool)      # borrows the pool: every strategy in the same sandboxes
             ev = ss.study_evaluator(env, heldout, cs, tok, strategy=s, policy_fn=policy_fn(cs))
-            loop.run_rl(params, env, cs, tok, out / s, log, evaluate=ev, tag=f"seed {c.seed} {s}: ")
+            loop.run_rl(params, env, cs, tok, out / s, log, evaluate=ev, tag=f"{ss.run_tag(c.seed, s)}: ")
             results[s] = logged()[s]                     # a resumed run's step-0 eval is an earlier process's
             t_rl[s] = time.time() - t1
     finally:

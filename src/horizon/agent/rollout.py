@@ -146,7 +146,9 @@ def _clip_generation(gen: Generation, tok) -> Generation:
 class Episode:
     """One rollout as a state machine: context_tokens() -> policy -> step(gen) ... until done."""
 
-    def __init__(self, task, sandbox, registry: ToolRegistry, tokenizer, cfg):
+    def __init__(self, task, sandbox, registry: ToolRegistry, tokenizer, cfg, *, system_text: str = ""):
+        """`system_text`: the system message ("" = `prompt.system_prompt` of the registry's tools, e.g. a
+        task family's own); either way the strategy's `agent.context_notes` line ends it."""
         validate_agent_config(cfg)
         self.task, self.sandbox, self.registry, self.tok, self.cfg = task, sandbox, registry, tokenizer, cfg
         self.strategy = make_strategy(cfg)
@@ -171,7 +173,7 @@ class Episode:
         except SandboxInfraError as e:
             listing, dead = None, e
         self._ctx_cache: tuple[list, np.ndarray | None] = ([], None)   # (messages rendered, ids)
-        sys_text = with_context_note(system_prompt(registry, self.fmt), cfg)   # + the strategy's note, if any
+        sys_text = with_context_note(system_text or system_prompt(registry, self.fmt), cfg)
         self.messages = [Message("system", sys_text, kind="system"),
                          Message("user", task_text(task, listing), kind="task")]
         if dead is not None:

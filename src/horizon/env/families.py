@@ -125,10 +125,8 @@ def family_from_config(e) -> Family:
 
 def make_episode(family: Family, task: Task, sandbox, tok, agent_cfg):
     """An `Episode` of `task` with the family's system prompt and tools."""
-    from horizon.agent import Episode, Message
-    from horizon.agent.summarize import with_context_note
+    from horizon.agent import Episode
 
-    ep = Episode(task, sandbox, family.registry(bool(agent_cfg.strict_tools)), tok, agent_cfg)
-    if family.system_prompt:        # "" = the agent's own system prompt (with the strategy's note, if any)
-        ep.messages[0] = Message("system", with_context_note(family.system_prompt, agent_cfg), kind="system")
-    return ep
+    # family.system_prompt "" = the agent's own system prompt
+    return Episode(task, sandbox, family.registry(bool(agent_cfg.strict_tools)), tok, agent_cfg,
+                   system_text=family.system_prompt)

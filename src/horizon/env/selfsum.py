@@ -273,9 +273,14 @@ def study_evaluator(env, tasks, c, tok, *, strategy: str, policy_fn):
                                            seed=int(c.seed))
 
 
+def run_tag(seed: int, strategy: str) -> str:
+    """The run name of one strategy's RL in a seed (`loop.run_rl`'s `tag`, its records' "run")."""
+    return f"seed {seed} {strategy}"
+
+
 def logged_results(path, seed: int, strategies, steps: int) -> dict:
     """{strategy: {"start": eval, "end": eval}} for each of `strategies` whose run logged both its
-    step-0 and its step-`steps` eval (`loop.run_rl`'s records, run tag "seed <k> <strategy>") in the
+    step-0 and its step-`steps` eval (`loop.run_rl`'s records, run "run" = `run_tag`) in the
     seed's metrics.jsonl `path`; the last record of a step wins. A rerun of a killed study takes a
     finished strategy from here instead of running it again, and a strategy whose RL resumed from
     its checkpoint (no new step-0 eval) still gets its start (nothing lost)."""
@@ -290,7 +295,7 @@ def logged_results(path, seed: int, strategies, steps: int) -> dict:
             got[(rec.get("run"), int(rec["step"]))] = rec
     out = {}
     for s in strategies:
-        start, end = got.get((f"seed {seed} {s}", 0)), got.get((f"seed {seed} {s}", int(steps)))
+        start, end = got.get((run_tag(seed, s), 0)), got.get((run_tag(seed, s), int(steps)))
         if start is not None and end is not None:
             out[s] = {"start": start, "end": end}
     return out

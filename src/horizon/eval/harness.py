@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from horizon.agent import STATS_KEYS, Episode, Message, ScriptedPolicy, episode_step_limit, run_episodes
+from horizon.agent import STATS_KEYS, Episode, ScriptedPolicy, episode_step_limit, run_episodes
 from horizon.eval import behaviour
 
 Policy = Callable[[list, int], list]
@@ -128,10 +128,8 @@ def make_episode(task, sandbox, setup: EvalSetup) -> Episode:
     """The agent episode the harness runs (with `setup.system_prompt` as the system message if set)."""
     if setup.episode_fn is not None:
         return setup.episode_fn(task, sandbox)
-    ep = Episode(task, sandbox, setup.registry_fn(task), setup.tokenizer, setup.agent_cfg)
-    if setup.system_prompt:
-        ep.messages[0] = Message("system", setup.system_prompt, kind="system")
-    return ep
+    return Episode(task, sandbox, setup.registry_fn(task), setup.tokenizer, setup.agent_cfg,
+                   system_text=setup.system_prompt or "")
 
 
 class _DoneClock:

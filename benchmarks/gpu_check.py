@@ -39,19 +39,15 @@ PARTS = (("env", 60), ("kernels", 170), ("moe", 150), ("train", 150), ("tests", 
          ("train_nvfp4", 110))
 
 ENV_PROBE = r"""
-import json, time, jax, jax.numpy as jnp
+import json, jax, jax.numpy as jnp
 d = jax.devices()[0]
 out = {"jax": jax.__version__, "device": d.device_kind, "platform": d.platform,
        "compute_capability": getattr(d, "compute_capability", None), "sms": getattr(d, "core_count", None)}
 try:
     import jaxlib; out["jaxlib"] = jaxlib.__version__
 except Exception: pass
-def best(f, xs, reps=10):
-    for x in xs: f(*x).block_until_ready()
-    b = 1e9
-    for i in range(reps):
-        t0 = time.perf_counter(); f(*xs[i % len(xs)]).block_until_ready(); b = min(b, time.perf_counter() - t0)
-    return b
+from horizon.utils.timing import best_seconds   # PYTHONPATH has src/ (main below)
+best = lambda f, xs: best_seconds(f, xs, reps=10)
 n = 8192
 def measure(name, fn):
     try:

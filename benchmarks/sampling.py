@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 
 from train_step import small_config  # same directory: the benchmark model (sets JAX on CPU, sys.path)
 
@@ -25,22 +24,7 @@ import numpy as np  # noqa: E402
 
 from horizon.model import hf_import, transformer  # noqa: E402
 from horizon.rl.rollout import sampler  # noqa: E402
-
-
-def timed(fn, warmup: int, reps: int, make_input=None):
-    """(last output, seconds per call) of `reps` timed calls after `warmup` untimed ones. With
-    `make_input(r)`, each call gets a fresh input built outside the timer: fn(make_input(r))."""
-    args = (lambda r: ()) if make_input is None else (lambda r: (make_input(r),))
-    out = None
-    for w in range(warmup):
-        out = fn(*args(10_000 + w))
-    times = []
-    for r in range(reps):
-        x = args(r)
-        t0 = time.perf_counter()
-        out = fn(*x)
-        times.append(time.perf_counter() - t0)
-    return out, times
+from horizon.utils.timing import timed  # noqa: E402,F401  (benchmarks/rollout_engine.py uses sampling.timed)
 
 
 def hf_torch(seed: int):

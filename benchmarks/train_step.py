@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from horizon.model import grouped, hf_import, params  # noqa: E402
 from horizon.train import lm, optim  # noqa: E402
+from horizon.utils import timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
 
@@ -87,16 +88,8 @@ def make_config(args):
 def matmul_peak(n: int, reps: int = 5, dtype=jnp.float32) -> float:
     """This machine's matmul FLOP/s in JAX for `dtype`: the best of `reps` timed n x n x n products on
     random data (two input sets alternated, so a repeat does not reuse a cached product)."""
-    xs = [jax.random.normal(jax.random.PRNGKey(i), (n, n), dtype) for i in range(2)]
-    f = jax.jit(lambda x: x @ x)
-    for x in xs:
-        f(x).block_until_ready()
-    best = float("inf")
-    for i in range(reps):
-        t0 = time.perf_counter()
-        f(xs[i % 2]).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best
+    xs = [(jax.random.normal(jax.random.PRNGKey(i), (n, n), dtype),) for i in range(2)]
+    return 2.0 * n ** 3 / timing.best_seconds(jax.jit(lambda x: x @ x), xs, reps)
 
 
 def compiled_flops(cfg, tokens: np.ndarray, args) -> float:

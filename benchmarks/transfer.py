@@ -25,13 +25,13 @@ import pathlib
 import pickle
 import statistics
 import tempfile
-import time
 
 import numpy as np
 
 from horizon.rl.runtime import storage
 from horizon.rl.runtime import weight_sync as ws
 from horizon.utils.config import load_config_file
+from horizon.utils import timing
 from horizon.utils.files import UrlDir
 
 MIB = 2**20
@@ -39,11 +39,8 @@ LEVELS = {"xor_zlib": [1, 6, 9], "xor_zstd": [1, 3, 9, 19]}
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:
-    out, ts = None, []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        ts.append(time.perf_counter() - t0)
+    """(median seconds, last output) of `repeat` calls of fn() (`horizon.utils.timing.timed`, no warm-up)."""
+    out, ts = timing.timed(fn, 0, repeat)
     return statistics.median(ts), out
 
 

@@ -67,7 +67,7 @@ def test_strategy_row_by_hand():
     assert row["tokens_per_summary"] == 40.0             # 160 tokens / 4 summaries
     assert row["gen_tokens_per_solved"] == 200.0         # 400 generated / 2 solved
     assert row["prefill_per_episode"] == 25.0 and row["summaries_per_episode"] == 1.0
-    assert row["rewrites_per_episode"] == 0.75
+    assert row["rewrites_per_episode"] == 0.75 and row["summaries_per_solved"] == 0.5   # (1 + 0) / 2 solved
     none = sm.strategy_row([rec(0, "a", False, summaries=0, summary_tokens=0)], baseline=rs, samples=100,
                            level=0.95, seed=0)
     assert none["tokens_per_summary"] is None and none["gen_tokens_per_solved"] is None

@@ -261,3 +261,16 @@ def test_microbatched_step_equals_the_whole_batch_step(env, over, whole_step):
                  new1.params, new2.params)
     bias = lambda p: np.asarray(p["moe"]["moe"]["router_bias"])      # from the summed router loads
     np.testing.assert_allclose(bias(new2.params), bias(new1.params), rtol=1e-6, atol=1e-9)
+
+
+def test_step_config_keys_only_what_the_step_reads():
+    """Runs that differ only outside `STEP_SECTIONS` (a study's strategies and seeds) give equal, equally
+    hashed static configs, so the jitted step compiles once for all of them instead of keeping one set of
+    executables alive per run; a change the step does read gives a different key."""
+    a = load_config_file(ROOT / "configs" / "selfsum_tiny.py")
+    b = load_config_file(ROOT / "configs" / "selfsum_tiny.py")
+    b.agent.context_strategy, b.seed, b.exp.out_dir = "prompt_compaction", 7, "elsewhere"
+    ka, kb = trainer.step_config(a), trainer.step_config(b)
+    assert ka == kb and hash(ka) == hash(kb) and set(ka.keys()) <= set(trainer.STEP_SECTIONS)
+    b.rl.kl_coef = float(a.rl.kl_coef) + 1.0
+    assert trainer.step_config(b) != ka

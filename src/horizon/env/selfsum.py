@@ -369,15 +369,17 @@ def table(rows: dict, level: float) -> str:
     pct = f"{level:.0%}"
     head = (f"| strategy | success, SFT policy | success after RL [{pct} CI] | paired diff vs self-summary, per seed "
             "| compaction-caused errors (share) | tokens per summary | generated tokens per solved task "
-            "| prefill tokens per episode | summaries per episode | context rewrites per episode |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
+            "| prefill tokens per episode | summaries per episode | summaries per solved episode "
+            "| context rewrites per episode |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for s, x in rows.items():
         diff = "—" if x["paired_diff"] is None else " ".join(f"{v:+.3f}" for v in x["paired_diff"].values())
         lines.append(f"| {s} | {_f(x['sft_success'])} | {_f(x['success'])} [{_f(x['ci_lo'])}, {_f(x['ci_hi'])}] | {diff} "
                      f"| {x['compaction_errors']} ({_f(x['compaction_error_rate'])}) | {_f(x['tokens_per_summary'], '{:.0f}')} "
                      f"| {_f(x['gen_tokens_per_solved'], '{:.0f}')} | {_f(x['prefill_per_episode'], '{:.0f}')} "
-                     f"| {_f(x['summaries_per_episode'], '{:.2f}')} | {_f(x['rewrites_per_episode'], '{:.2f}')} |")
+                     f"| {_f(x['summaries_per_episode'], '{:.2f}')} | {_f(x.get('summaries_per_solved'), '{:.2f}')} "
+                     f"| {_f(x['rewrites_per_episode'], '{:.2f}')} |")
     return head + "\n".join(lines) + "\n\n" + "\n".join(f"- {k}" for k in findings(rows)) + "\n"
 
 

@@ -13,7 +13,7 @@ decoded, each once), `summaries`, `summary_tokens`, `rewrites` (context rewrites
   holds a needed fact that the context held before it (`compaction_error`; the blog's count,
   checked on the summary text for the summarizing strategies);
 - tokens per summary, generated tokens per solved task, prefill tokens per episode, summaries
-  per episode (`strategy_row`).
+  per episode and per solved episode (`strategy_row`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def strategy_row(records: Sequence[dict], *, baseline: Sequence[dict] | None, sa
     """One strategy's numbers over its episode records (all seeds): success mean and CI, paired
     differences to `baseline` (self-summary's records; None for self-summary itself), compaction-
     caused errors (count and share of episodes), tokens per summary, generated tokens per solved
-    task, prefill tokens / summaries / context rewrites per episode."""
+    task, prefill tokens / summaries / context rewrites per episode, and summaries per solved
+    episode (key_relay: a solved chain must carry keys through >= 2 summaries, issue 25)."""
     n = len(records)
     solved = sum(bool(r["solved"]) for r in records)
     summaries = sum(r["summaries"] for r in records)
@@ -102,4 +103,6 @@ def strategy_row(records: Sequence[dict], *, baseline: Sequence[dict] | None, sa
                 tokens_per_summary=_ratio(sum(r["summary_tokens"] for r in records), summaries),
                 gen_tokens_per_solved=_ratio(sum(r["generated_tokens"] for r in records), solved),
                 prefill_per_episode=sum(r["prefill_tokens"] for r in records) / n,
-                summaries_per_episode=summaries / n, rewrites_per_episode=sum(r["rewrites"] for r in records) / n)
+                summaries_per_episode=summaries / n,
+                summaries_per_solved=_ratio(sum(r["summaries"] for r in records if r["solved"]), solved),
+                rewrites_per_episode=sum(r["rewrites"] for r in records) / n)

@@ -170,6 +170,19 @@ def route(
     return w * cfg.routed_scaling_factor, idx
 
 
+def grouped_swiglu(
+    p: dict, xs: Float[Array, "rows embed"], group_sizes: Int[Array, " experts"], *, cfg
+) -> Float[Array, "rows embed"]:
+    """Expert SwiGLU on rows sorted by expert (`group_sizes[e]` consecutive rows each; rows past their
+    sum are zeros): the grouped GEMM at `cfg.moe_precision`, shared by the local block and the
+    expert-parallel one (horizon.parallel.experts) so both quantize alike (SPEC §1, §3)."""
+    mm = functools.partial(expert_matmul, group_sizes=group_sizes, precision=cfg.moe_precision,
+                           division=cfg.get("quant_division", "ieee"),
+                           approx_bits=cfg.get("quant_approx_rcp_bits", 22), impl=cfg.get("grouped_impl", "auto"))
+    h = jax.nn.silu(mm(xs, p["gate"])) * mm(xs, p["up"])
+    return mm(h, p["down"])
+
+
 def routed_experts(
     p: dict, x: Float[Array, "tokens embed"], weights: Float[Array, "tokens k"], idx: Int[Array, "tokens k"], *, cfg
 ) -> Float[Array, "tokens embed"]:
@@ -181,11 +194,7 @@ def routed_experts(
     token_of = order // k
     group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
     xs = jnp.take(x, token_of, axis=0)
-    mm = functools.partial(expert_matmul, group_sizes=group_sizes, precision=cfg.moe_precision,
-                           division=cfg.get("quant_division", "ieee"),
-                           approx_bits=cfg.get("quant_approx_rcp_bits", 22), impl=cfg.get("grouped_impl", "auto"))
-    h = jax.nn.silu(mm(xs, p["gate"])) * mm(xs, p["up"])
-    y = mm(h, p["down"])
+    y = grouped_swiglu(p, xs, group_sizes, cfg=cfg)
     y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
     return jnp.zeros_like(x).at[token_of].add(y)
 

@@ -128,10 +128,7 @@ def _dispatch_compute_combine(p_exp, x, w, idx, *, ep: int, cap: int, opts: dict
     order = jnp.argsort(recv_e, stable=True)
     group_sizes = jnp.bincount(recv_e, length=E_local).astype(jnp.int32)  # empty slots not counted
     xs = jnp.take(rows, order, axis=0)
-    mm = functools.partial(moe.expert_matmul, group_sizes=group_sizes, precision=cfg.moe_precision,
-                           impl=cfg.get("grouped_impl", "auto"))
-    h = jax.nn.silu(mm(xs, p_exp["gate"])) * mm(xs, p_exp["up"])
-    ys = mm(h, p_exp["down"])
+    ys = moe.grouped_swiglu(p_exp, xs, group_sizes, cfg=cfg)
     y_rows = jnp.zeros_like(ys).at[order].set(ys)
     back = _a2a(y_rows.reshape(ep, cap, D))                             # combine in the compute dtype
     y_assign = back.at[dest, slot_w].get(mode="fill", fill_value=0).astype(jnp.float32)

@@ -323,12 +323,23 @@ def _train_step_jit(state, batch, *, cfg, mesh=None):
     return new, m
 
 
+STEP_SECTIONS = ("model", "rl", "mesh")   # all the jitted step reads of a run's config
+
+
+def step_config(cfg) -> ml_collections.FrozenConfigDict:
+    """The jitted step's static config: only `STEP_SECTIONS`, frozen (hashable by value). Runs that
+    differ elsewhere (a study's strategies and seeds: `agent`, `exp`, `seed`) share one compiled
+    step instead of each keeping its own executables alive in the jit cache for the process's life
+    (each holds ~10^3 memory mappings on CPU; a 3-seed study ran into Linux's 65530, docs/PERF.md)."""
+    return ml_collections.FrozenConfigDict({k: cfg[k] for k in STEP_SECTIONS if k in cfg})
+
+
 def _step_args(state, batch: dict, cfg):
     """(mesh or None, frozen step config, placed batch) of a `train_step` call. A batch of
     `jax.ShapeDtypeStruct`s (an abstract step, `compile_train_step`) gets the shardings instead."""
     mesh = pmesh.run_mesh(cfg)
     c = cfg if mesh is None else sharded.configure(cfg, cp_layout="natural")
-    frozen = c if isinstance(c, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(c)
+    frozen = step_config(c)
     abstract = any(isinstance(v, jax.ShapeDtypeStruct) for v in batch.values())
     if mesh is None:
         return None, frozen, dict(batch) if abstract else {k: jnp.asarray(v) for k, v in batch.items()}

@@ -151,6 +151,8 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         fraction=0.8,             # share of the available memory the step may take (the rest: rollout engine
         #                           caches, Python, sandboxes' host side)
         budget_gib=0.0,           # memory to compare with, GiB; 0 = measured now (host RAM on CPU, a device's free)
+        mappings_fraction=0.5,    # a long-lived driver drops compiled executables between runs above this share of
+        #                           vm.max_map_count (memory.release_compiled_if_near_limit; ~10^3 mappings each)
     ))
     # --- train step (horizon.rl.maths.trainer.train_step)
     r.router_replay = True        # replay inference-time experts in the trainer forward (SPEC §4.1)

@@ -57,7 +57,8 @@ def get_config() -> ml_collections.ConfigDict:
         copy_threshold=0.8,           # post-SFT key-in-summary every summarizing strategy should reach (issue 25)
     ))
     e.quick = False                   # True: merge quick_overrides below (a short run that shows the pipeline)
-    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # NOT timed yet (docs/PERF.md, issue 25)
+    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # NOT run yet: no seed formed the copy by stage-1
+    #   step 800 in the 2026-12-05 study (docs/PERF.md), so this schedule cannot show the ranking (issue 25)
         seeds=(0,), n_sft_tasks=256, steps=4, check_tasks=8, eval=dict(n_tasks=16, passes=2),
         sft=dict(clean_steps=800, steps=100, probe_every=0),
     )))
@@ -71,7 +72,9 @@ def get_config() -> ml_collections.ConfigDict:
     #                                   (env.selfsum.balance_rows), where the key copy forms. Scoping (benchmarks/
     #                                   selfsum_scope.py, docs/PERF.md): unweighted, 1200 steps formed it in no seed
     #                                   (2 tried); with clean_key_weight 10 it formed by step 800 in seeds 1 and 2
-    #                                   (0.81, 0.94) and was forming at 1200 in seed 0 (0.38 in the self-summary)
+    #                                   (0.81, 0.94) and was forming at 1200 in seed 0 (0.38 in the self-summary).
+    #                                   With agent.context_notes on (the committed study) it formed in no seed by
+    #                                   1200, partly in stage 2 (0.04-0.75 after SFT): not yet reliable across seeds
     # Stage-1 curriculum: clean chains of two sizes (1 log of 1 line vs the experiment's own chains:
     # key.txt's observation 86 vs 272 byte tokens before the summary), so the lookup cannot key on the distance.
     e.sft.clean_mix = ml_collections.ConfigDict(dict(   # name -> overrides, taken in name order

@@ -81,6 +81,7 @@ def run_seed(c) -> dict:
     try:
         for s in [s for s in c.exp.strategies if s not in results]:
             t1 = time.time()
+            rlmemory.release_compiled_if_near_limit(c, tag=f"{ss.run_tag(c.seed, s)}: ")
             cs = ss.with_strategy(c, s)
             env = workers.family_env(cs, pool=pool)      # borrows the pool: every strategy in the same sandboxes
             ev = ss.study_evaluator(env, heldout, cs, tok, strategy=s, policy_fn=policy_fn(cs))

@@ -114,3 +114,25 @@ def test_memory_check_fields_are_validated():
         c2.rl.memory_check[field] = bad
         with pytest.raises(ConfigError, match=f"rl.memory_check.{field}="):
             validate_rl(c2, steps)
+
+
+def test_compiled_executables_released_only_past_the_mapping_share(capsys):
+    """Between a study's runs: above `rl.memory_check.mappings_fraction` of vm.max_map_count the jit caches
+    are dropped (a cached executable is gone), below it nothing happens; an out-of-range share is refused."""
+    import jax
+    import jax.numpy as jnp
+
+    held, limit = memory.memory_mappings()          # Linux: this process's mappings and the kernel's limit
+    assert 0 < held < limit
+    c = load_config_file(ROOT / "configs" / "rl_tiny.py")
+    f = jax.jit(lambda x: x * 2 + 1)
+    f(jnp.ones(3))
+    c.rl.memory_check.mappings_fraction = 1.0
+    assert not memory.release_compiled_if_near_limit(c) and f._cache_size() == 1
+    c.rl.memory_check.mappings_fraction = 0.0
+    assert memory.release_compiled_if_near_limit(c, tag="t: ") and f._cache_size() == 0
+    assert "t: " in capsys.readouterr().out
+    from horizon.rl import checks
+    c.rl.memory_check.mappings_fraction = 1.5
+    with pytest.raises(ConfigError, match="mappings_fraction"):
+        checks.validate_experiment(c, None)

@@ -87,6 +87,8 @@ def validate_rl(c, steps: int) -> None:
     if "memory_check" in r:           # horizon.rl.memory
         need_float(r.memory_check, "fraction", "rl.memory_check", 0.0, 1.0, lo_open=True)
         need_float(r.memory_check, "budget_gib", "rl.memory_check", 0.0)
+        if "mappings_fraction" in r.memory_check:
+            need_float(r.memory_check, "mappings_fraction", "rl.memory_check", 0.0, 1.0)
     need(int(r.optim.steps) == steps, "rl.optim.steps", r.optim.steps, f"must equal the run's steps ({steps})")
     validate_optim_config(r.optim, "rl.optim", steps, "exp.steps")
     need_int(r, "checkpoint_every", "rl", lo=1)

@@ -18,6 +18,11 @@ XLA for the step's memory up front: `trainer.compile_train_step` on abstract sha
   the knobs (`rl.batch.micro_rows`, `model.remat`) when ``needed > rl.memory_check.fraction x
   available``; `rl.memory_check.enabled=False` skips it. experiments/rl.py calls it before any
   sandbox, warm start or eval. benchmarks/rl_step_memory.py prints the same numbers.
+- `release_compiled_if_near_limit(c)`: between the runs of a long-lived driver (experiments/selfsum.py:
+  seeds x strategies in one process), drop every compiled executable when the process holds more than
+  `rl.memory_check.mappings_fraction` of Linux's `vm.max_map_count`. Each XLA CPU executable keeps ~10^3
+  memory mappings; at the limit LLVM's next compile fails ("Unable to allocate section memory") and the
+  process dies with host memory to spare (docs/PERF.md, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -257,3 +262,32 @@ def preflight(c, *, prog: str) -> StepMemory | None:
     print(f"memory check: the train step needs {mem.needed / GIB:.2f} GiB for its largest batch "
           f"({mem.line()}; {time.time() - t0:.0f}s)", flush=True)
     return mem
+
+
+def memory_mappings() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the kernel's `vm.max_map_count`); None where /proc lacks them."""
+    try:
+        with open("/proc/self/maps", "rb") as fh:
+            held = sum(1 for _ in fh)
+        with open("/proc/sys/vm/max_map_count") as fh:
+            return held, int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def release_compiled_if_near_limit(c, *, tag: str = "") -> bool:
+    """`jax.clear_caches()` when the process holds more than `rl.memory_check.mappings_fraction` of
+    `vm.max_map_count` (module docstring); prints the counts before and after. True when it released.
+    The next run compiles again (tens of seconds) instead of the process dying at the limit."""
+    import gc  # noqa: PLC0415
+
+    frac = float(c.rl.memory_check.get("mappings_fraction", 0.5))
+    now = memory_mappings()
+    if now is None or now[0] <= frac * now[1]:
+        return False
+    jax.clear_caches()
+    gc.collect()
+    after = memory_mappings()
+    print(f"{tag}{now[0]} memory mappings of vm.max_map_count {now[1]} (> {frac:.0%}): compiled executables "
+          f"released, {after[0] if after else '?'} left (the next run compiles again)", flush=True)
+    return True

@@ -47,6 +47,7 @@ import sampling  # noqa: E402  (same directory: the HF export and generate of be
 from horizon.model.params import numpy_init  # noqa: E402
 from horizon.rl.rollout import engine as E  # noqa: E402
 from horizon.rl.rollout import sampler  # noqa: E402
+from horizon.utils import timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -73,8 +74,8 @@ def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256, distinct_firs
 
 
 def timed(fn, make_input, warmup: int, reps: int):
-    """(median s, all, last output) of fn(make_input(r)) (`sampling.timed`: fresh inputs, untimed)."""
-    out, ts = sampling.timed(fn, warmup, reps, make_input=make_input)
+    """(median s, all, last output) of fn(make_input(r)) (`horizon.utils.timing.timed`: fresh inputs, untimed)."""
+    out, ts = timing.timed(fn, warmup, reps, make_input=make_input)
     return statistics.median(ts), ts, out
 
 

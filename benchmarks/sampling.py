@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from horizon.model import hf_import, transformer  # noqa: E402
 from horizon.rl.rollout import sampler  # noqa: E402
-from horizon.utils.timing import timed  # noqa: E402,F401  (benchmarks/rollout_engine.py uses sampling.timed)
+from horizon.utils.timing import timed  # noqa: E402
 
 
 def hf_torch(seed: int):

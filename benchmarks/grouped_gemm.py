@@ -7,15 +7,21 @@ Per implementation it prints the compiled FLOPs (`cost_analysis()`, under `group
 block tile loop is counted tile by tile; the forward only unless `--count-backward`) against the analytic
 2*rows*d*f per GEMM, and the median wall time of the forward and of forward+backward (grads of x and the three weights); an implementation whose
 compiled FLOPs exceed `--max-flops-ratio` x the analytic count (XLA expanding ragged_dot into every
-group) is reported and not timed. `--json` appends one record per implementation.
+group) is reported and not timed. `--json` appends one record per implementation. An implementation
+``block:loop`` / ``block:batched`` forces the block GEMM's tile schedule (`grouped.BATCHED_MAX_BYTES`:
+a loop over tiles, or one batched product over gathered weights); plain ``block`` runs what this
+backend's limit picks.
 
     JAX_PLATFORMS=cuda python3 benchmarks/grouped_gemm.py            # 16k tokens, 256 experts top-8, d 7168, f 2048
     .venv/bin/python benchmarks/grouped_gemm.py --tokens 512 --experts 16 --topk 2 --d 256 --f 128 --dtype float32
+    .venv/bin/python benchmarks/grouped_gemm.py --tokens 32 --experts 8 --topk 2 --d 64 --f 32 --dtype float32 \
+        --impls block:loop,block:batched      # a decode step's MoE on configs/tiny.py
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import statistics
@@ -89,6 +95,21 @@ def compiled_flops(fn, *args) -> float:
         return float(jax.jit(lambda *a: fn(*a)).lower(*args).compile().cost_analysis()["flops"])
 
 
+@contextlib.contextmanager
+def schedule(name: str):
+    """The block GEMM's tile schedule for "loop" / "batched" (`grouped.BATCHED_MAX_BYTES`); "" keeps it."""
+    backend, table = jax.default_backend(), grouped.BATCHED_MAX_BYTES
+    old = table.get(backend)
+    if name:
+        table[backend] = {"loop": 0, "batched": 1 << 62}[name]
+    try:
+        yield
+    finally:
+        table.pop(backend, None)
+        if old is not None:
+            table[backend] = old
+
+
 def median_time(fn, *args, iters: int, warmup: int) -> tuple[float, float]:
     """(median seconds of a call, seconds of the first call = compile + run)."""
     t0 = time.perf_counter()
@@ -118,37 +139,48 @@ def main(argv=None) -> int:
     # before the slowest compiles (on an H200 the block fwd+bwd FLOP count alone outlived a 90 s cap).
     order = [("fwd", impl) for impl in args.impls.split(",")]
     order += [] if args.no_backward else [("fwd+bwd", impl) for impl in args.impls.split(",")]
-    for name, impl in order:
-        fn = expert_mlp(impl) if name == "fwd" else fwd_bwd(impl)
-        rec = {"impl": impl, "pass": name, "analytic_flops": ana[name], "tokens": args.tokens,
-               "experts": args.experts, "topk": args.topk, "d": args.d, "f": args.f, "dtype": args.dtype}
-        comp = float("nan")
-        if name == "fwd" or args.count_backward:
-            try:
-                comp = compiled_flops(fn, x, w, gs)
-            except Exception as e:  # noqa: BLE001 - e.g. the counting variant's gathered weights too large
-                print(f"{impl:>10} {name:>7}: FLOP count failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        rec["compiled_flops"] = comp
-        line = f"{impl:>10} {name:>7}: compiled FLOPs {comp:.3g} = {comp / ana[name]:.2f}x analytic"
-        if comp > args.max_flops_ratio * ana[name]:
-            rec["skipped"] = f"compiled FLOPs {comp / ana[name]:.1f}x analytic > {args.max_flops_ratio}"
-            print(line + "  -> not timed (" + rec["skipped"] + ")", flush=True)
-        else:
-            jf = jax.jit(fn)
-            t, first = median_time(jf, x, w, gs, iters=args.iters, warmup=args.warmup)
-            if name == "fwd":  # same answer as the first implementation (bf16 rounding of 3 GEMMs)
-                out = jf(x, w, gs).astype(jnp.float32)
-                ref = out if ref is None else ref
-                rec["max_rel_diff_vs_first"] = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
-            rec.update(seconds=t, first_call_s=first, tflops=ana[name] / t / 1e12)
-            print(line + f"  {t * 1e3:9.2f} ms  {ana[name] / t / 1e12:7.1f} TFLOP/s (analytic)  "
-                  f"compile + first call {first:.1f} s" + (f"  max rel diff vs first impl "
-                                                          f"{rec['max_rel_diff_vs_first']:.1e}" if name == "fwd" else ""),
-                  flush=True)
+    for name, spec in order:
+        impl, _, sched = spec.partition(":")
+        if sched not in ("", "loop", "batched"):
+            raise SystemExit(f"--impls: {spec!r}: the schedule after ':' is loop or batched")
+        with schedule(sched):
+            rec = run_one(args, name, impl, spec, x, w, gs, ana, ref)
+        ref = rec.pop("_ref", ref)
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
     return 0
+
+
+def run_one(args, name, impl, spec, x, w, gs, ana, ref) -> dict:
+    """Count and time one (pass, implementation); the record (with "_ref": the first forward's output)."""
+    fn = expert_mlp(impl) if name == "fwd" else fwd_bwd(impl)
+    rec = {"impl": spec, "pass": name, "analytic_flops": ana[name], "tokens": args.tokens,
+           "experts": args.experts, "topk": args.topk, "d": args.d, "f": args.f, "dtype": args.dtype}
+    comp = float("nan")
+    if name == "fwd" or args.count_backward:
+        try:
+            comp = compiled_flops(fn, x, w, gs)
+        except Exception as e:  # noqa: BLE001 - e.g. the counting variant's gathered weights too large
+            print(f"{spec:>13} {name:>7}: FLOP count failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    rec["compiled_flops"] = comp
+    line = f"{spec:>13} {name:>7}: compiled FLOPs {comp:.3g} = {comp / ana[name]:.2f}x analytic"
+    if comp > args.max_flops_ratio * ana[name]:
+        rec["skipped"] = f"compiled FLOPs {comp / ana[name]:.1f}x analytic > {args.max_flops_ratio}"
+        print(line + "  -> not timed (" + rec["skipped"] + ")", flush=True)
+    else:
+        jf = jax.jit(fn)
+        t, first = median_time(jf, x, w, gs, iters=args.iters, warmup=args.warmup)
+        if name == "fwd":  # same answer as the first implementation (bf16 rounding of 3 GEMMs)
+            out = jf(x, w, gs).astype(jnp.float32)
+            ref = rec["_ref"] = out if ref is None else ref
+            rec["max_rel_diff_vs_first"] = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
+        rec.update(seconds=t, first_call_s=first, tflops=ana[name] / t / 1e12)
+        print(line + f"  {t * 1e3:9.2f} ms  {ana[name] / t / 1e12:7.1f} TFLOP/s (analytic)  "
+              f"compile + first call {first:.1f} s" + (f"  max rel diff vs first impl "
+                                                      f"{rec['max_rel_diff_vs_first']:.1e}" if name == "fwd" else ""),
+              flush=True)
+    return rec
 
 
 if __name__ == "__main__":

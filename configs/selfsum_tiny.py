@@ -57,8 +57,9 @@ def get_config() -> ml_collections.ConfigDict:
         copy_threshold=0.8,           # post-SFT key-in-summary every summarizing strategy should reach (issue 25)
     ))
     e.quick = False                   # True: merge quick_overrides below (a short run that shows the pipeline)
-    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # NOT run yet: no seed formed the copy by stage-1
-    #   step 800 in the 2026-12-05 study (docs/PERF.md), so this schedule cannot show the ranking (issue 25)
+    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # run 2026-12-05 (docs/PERF.md): 1498 s, over
+    #   the 20-minute target, and it does not show the ranking: the copy did not form by stage-1 step 800 (key in
+    #   memory 0.00 for every summarizer; issue 25)
         seeds=(0,), n_sft_tasks=256, steps=4, check_tasks=8, eval=dict(n_tasks=16, passes=2),
         sft=dict(clean_steps=800, steps=100, probe_every=0),
     )))

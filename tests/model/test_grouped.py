@@ -35,9 +35,17 @@ def _vjp(f, x, w, dy):
     return (y, *pull(dy))
 
 
+@pytest.fixture(params=["loop", "batched"])
+def schedule(request, monkeypatch):
+    """Both schedules of the tile products (`grouped.BATCHED_MAX_BYTES`): a loop over tiles, or one
+    batched product over gathered weights (what this backend runs at these small sizes)."""
+    monkeypatch.setitem(grouped.BATCHED_MAX_BYTES, jax.default_backend(), 0 if request.param == "loop" else 1 << 40)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["ragged", "one_group", "all_empty"])
 @pytest.mark.parametrize("block", [None, 8, 32])
-def test_block_gemm_equals_ragged_dot_values_and_grads(kind, block):
+def test_block_gemm_equals_ragged_dot_values_and_grads(kind, block, schedule):
     x, w, gs, dy = _case(kind)
     ref = _vjp(lambda a, b: jax.lax.ragged_dot(a, b, gs, precision="highest"), x, w, dy)
     got = _vjp(lambda a, b: grouped.grouped_matmul(a, b, gs, impl="block", block=block, precision="highest"),
@@ -52,7 +60,7 @@ def test_block_gemm_equals_ragged_dot_values_and_grads(kind, block):
     assert not np.asarray(got[1][n:]).any()          # ... and get no gradient
 
 
-def test_block_gemm_bfloat16_matches_ragged_dot():
+def test_block_gemm_bfloat16_matches_ragged_dot(schedule):
     x, w, gs, dy = _case("ragged", M=96, seed=1)
     xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
     ref = jax.lax.ragged_dot(xb, wb, gs, preferred_element_type=jnp.float32)
@@ -96,7 +104,7 @@ def test_bad_shapes_and_impl_fail_in_one_line():
 
 
 @pytest.mark.parametrize("kind", ["ragged", "one_group", "all_empty"])
-def test_grouped_wgrad_equals_ragged_contraction(kind):
+def test_grouped_wgrad_equals_ragged_contraction(kind, schedule):
     """dw[g] = x_g^T dy_g (the MXFP8 backward's wgrad) == `ragged_dot_general` with a ragged contraction."""
     x, _, gs, dy = _case(kind)
     dn = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (1,)), ((), ())),
@@ -137,3 +145,12 @@ def test_model_grouped_impl_reaches_the_moe_and_is_validated():
     cfg.grouped_impl = "dense"
     with pytest.raises(ConfigError, match="grouped_impl='dense'"):
         transformer.validate_config(cfg)
+
+
+def test_schedule_follows_the_gathered_weight_size(schedule):
+    """The tile products run as a loop (a `while` in the lowered program: the rest of the block GEMM
+    has none) or as one batched product by `BATCHED_MAX_BYTES`, decided at trace time (the fixture
+    sets the limit)."""
+    x, w, gs, _ = _case("ragged")
+    hlo = jax.jit(lambda a, b: grouped.grouped_matmul(a, b, gs, impl="block", block=8)).lower(x, w).as_text()
+    assert ("while" in hlo) == (schedule == "loop")

@@ -98,6 +98,33 @@ def test_a_sequence_samples_the_same_whatever_its_batch_mates_and_chunking(setup
     assert not np.array_equal(ref.tokens[0][:len(ref.tokens[1])], ref.tokens[1][:len(ref.tokens[0])])
 
 
+def test_inverse_cdf_draws_follow_the_softmax_and_never_a_zero_mass_token():
+    """`sampler.categorical` (one uniform per draw, inverse CDF) samples softmax(logits): over 200k
+    draws every frequency is within 5 binomial standard deviations of its probability (a 1e-6 chance
+    per token of failing by luck), and tokens of zero mass (-inf: outside a nucleus; first and last
+    positions, where an off-by-one would land) are never drawn."""
+    p = np.array([0.0, 0.05, 0.15, 0.0, 0.3, 0.5, 0.0], np.float64)
+    logits = jnp.asarray(np.log(np.where(p > 0, p, 1.0)) + np.where(p > 0, 0.0, -np.inf), jnp.float32)
+    n = 200_000
+    draws = np.asarray(jax.jit(jax.vmap(sampler.categorical, (0, None)))(jax.random.split(jax.random.key(0), n), logits))
+    freq = np.bincount(draws, minlength=len(p)) / n
+    assert (freq[p == 0] == 0).all()
+    np.testing.assert_array_less(np.abs(freq - p), 5 * np.sqrt(p * (1 - p) / n) + 1e-12)
+
+
+def test_prefix_sum_and_greedy_tokens_equal_cumsum_and_argmax():
+    """The sampler's two reductions equal numpy's: `prefix_sum` = cumsum (lengths around the block of
+    64, float32: relative 1e-6 of the total, the two summation orders), `greedy_tokens` = argmax with
+    ties to the first index."""
+    rng = np.random.default_rng(0)
+    for n in (1, 63, 64, 65, 320, 1000):
+        x = rng.uniform(size=(3, n)).astype(np.float32)
+        got = np.asarray(sampler.prefix_sum(jnp.asarray(x)))
+        np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), -1), rtol=0, atol=1e-6 * x.sum(-1).max())
+    logits = rng.integers(0, 4, size=(64, 50)).astype(np.float32)      # many ties
+    np.testing.assert_array_equal(np.asarray(sampler.greedy_tokens(jnp.asarray(logits))), logits.argmax(-1))
+
+
 def test_tiny_top_p_picks_argmax(setup, greedy):
     mcfg, params, prompts, _ = setup
     out = sampler.generate(params, prompts, jax.random.key(5), cfg=mcfg, max_new_tokens=8,

@@ -19,7 +19,9 @@ VJP of the same tile loops: ``dx`` = the tile GEMM with ``w[g]^T``, ``dw[g]`` = 
 Measured on 2 CPU cores (2048 rows, K=512, N=256, 32 groups, float32; `benchmarks/train_step.py`
 reports the whole step): forward 10.7 ms, forward+backward 33.8 ms with block 32, against 8.7 /
 17.8 ms for an equal-group batched matmul (the floor) and ~290 / ~1200 ms for `ragged_dot`; a variant
-that gathers every tile's weight into one batched matmul was 31 / 51 ms (weight copies dominate).
+that gathers every tile's weight into one batched matmul was 31 / 51 ms (weight copies dominate). At
+small sizes that variant wins (the loop's per-tile overhead dominates: a decode step's MoE, a tiny
+model's training step), so it runs while the gathered weights fit `BATCHED_MAX_BYTES` (measured there).
 
 FLOP accounting: XLA's `cost_analysis()` counts a loop body once, so under `count_flops()` (a
 context) the tile loops trace as the same tile GEMMs in one batched product (the gathered-weight
@@ -72,6 +74,17 @@ def count_flops():
 # docs/PERF.md ("Grouped expert GEMM on an H200"); a backend not listed gets "block".
 AUTO_IMPL = {"cpu": "block", "gpu": "block"}
 
+# Per backend, the largest gathered tile weights (``tiles * K * N`` elements, in bytes) for which the
+# block GEMM runs as one batched product instead of a loop over tiles (module docstring): small tiles
+# pay the loop's per-iteration overhead, large gathered weights the copies. XLA:CPU, jax 0.10.2, 2
+# cores, 2026-12-05, `benchmarks/grouped_gemm.py --dtype float32 --impls block:loop,block:batched`
+# (fwd / fwd+bwd ms, loop vs batched; docs/PERF.md "Decode step"): 32 tokens top-2 of 8 experts, d 64,
+# f 32 (a decode step's MoE, 0.12 MiB gathered) 0.09 vs 0.09 / 0.34 vs 0.24; 8192 tokens, same dims
+# (1.1 MiB) 5.57 vs 3.29 / 15.8 vs 11.0; 1024 tokens top-2 of 32, d 128, f 64 (3.1 MiB) 3.17 vs 2.75 /
+# 10.5 vs 7.7; d 256, f 128 (12.5 MiB) 8.8 vs 22.4 / 31 vs 52; d 512, f 256 (50 MiB) 34 vs 60 / 128
+# vs 136. Not listed (GPU: the H200 number above is the loop's): always the loop.
+BATCHED_MAX_BYTES = {"cpu": 4 << 20}
+
 
 def choose_impl(impl: str = "auto") -> str:
     """The grouped-GEMM implementation: `impl`, or for "auto" this backend's `AUTO_IMPL` entry."""
@@ -91,14 +104,14 @@ def tile_layout(group_sizes: Int[Array, " g"], rows: int, block: int):
     tile_end = jnp.cumsum(ptiles)
     tile_start = tile_end - ptiles
     start = jnp.cumsum(gs) - gs                               # first row of each group
-    tile_group = jnp.searchsorted(tile_end, jnp.arange(tiles, dtype=jnp.int32), side="right").astype(jnp.int32)
+    tile_group = jnp.searchsorted(tile_end, jnp.arange(tiles, dtype=jnp.int32), side="right", method="scan_unrolled").astype(jnp.int32)
     slot_tile = jnp.arange(tiles * block, dtype=jnp.int32) // block
     g = jnp.minimum(tile_group, G - 1)[slot_tile]
     off = (slot_tile - tile_start[g]) * block + jnp.arange(tiles * block, dtype=jnp.int32) % block
     valid = (tile_group[slot_tile] < G) & (off < gs[g])
     src = jnp.where(valid, start[g] + off, rows)
     r = jnp.arange(rows, dtype=jnp.int32)
-    row_group = jnp.searchsorted(jnp.cumsum(gs), r, side="right").astype(jnp.int32)
+    row_group = jnp.searchsorted(jnp.cumsum(gs), r, side="right", method="scan_unrolled").astype(jnp.int32)
     rg = jnp.minimum(row_group, G - 1)
     dest = jnp.where(row_group < G, tile_start[rg] * block + r - start[rg], tiles * block)
     return src, tile_group, dest
@@ -118,6 +131,13 @@ def _from_tiles(at, dest):
     return jnp.take(_with_zero_row(at.reshape(-1, at.shape[-1])), dest, axis=0, mode="clip")
 
 
+def _batched(tiles: int, k: int, n: int, dtype) -> bool:
+    """Run the tile products as one batched product: under `count_flops`, or when the gathered
+    [tiles, k, n] weights (or per-tile wgrads) fit this backend's `BATCHED_MAX_BYTES`."""
+    size = tiles * k * n * jnp.dtype(dtype).itemsize
+    return _UNROLL[-1] or size <= BATCHED_MAX_BYTES.get(jax.default_backend(), 0)
+
+
 def _tile_gemms(xt, w, tile_group, *, transpose: bool, precision, out_dtype):
     """Per tile ``xt[t] @ w[g_t]`` (``w[g_t]^T`` if `transpose`); 0 for unused tiles."""
     G = w.shape[0]
@@ -128,7 +148,7 @@ def _tile_gemms(xt, w, tile_group, *, transpose: bool, precision, out_dtype):
         y = jnp.matmul(xb, wg.T if transpose else wg, precision=precision, preferred_element_type=out_dtype)
         return None, jnp.where(g < G, y, jnp.zeros_like(y))
 
-    if _UNROLL[-1]:                 # count_flops: the same tile GEMMs as one batched product
+    if _batched(xt.shape[0], w.shape[1], w.shape[2], w.dtype):    # the same tile GEMMs as one batched product (gathered weights)
         wt = jnp.take(_with_zero_row(w), tile_group, axis=0, mode="clip")
         return jnp.einsum("tbk,tnk->tbn" if transpose else "tbk,tkn->tbn", xt, wt, precision=precision,
                           preferred_element_type=out_dtype)
@@ -144,7 +164,7 @@ def _tile_wgrad(xt, dyt, tile_group, G: int, *, precision, out_dtype):
         cur = jax.lax.dynamic_index_in_dim(dw, gg, keepdims=False)
         return jax.lax.dynamic_update_index_in_dim(dw, cur + jnp.where(g < G, upd, jnp.zeros_like(upd)), gg, 0), None
 
-    if _UNROLL[-1]:                 # count_flops: the same tile products as one batched product
+    if _batched(xt.shape[0], xt.shape[-1], dyt.shape[-1], out_dtype):  # one batched product + segment sum
         per_tile = jnp.einsum("tbk,tbn->tkn", xt, dyt, precision=precision, preferred_element_type=out_dtype)
         return jax.ops.segment_sum(per_tile, tile_group, num_segments=G, indices_are_sorted=True)
     # zeros typed like the inputs (inside shard_map they vary over the manual axes; the carry must too)

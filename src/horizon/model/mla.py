@@ -27,8 +27,9 @@ layer. The key/value up-projections are absorbed (DeepSeek-V2 §2.1.2)::
     q_nope_h . (c W_uk_h) = (q_nope_h W_uk_h^T) . c           # query moved into latent space
     softmax(.) @ (c W_uv_h) = (softmax(.) @ c) W_uv_h         # output projected after the sum
 
-so no per-head K/V is ever materialised. New tokens are written at cache slot = position, and a
-query at position p sees slots ``<= p``. Chunks (t > 1 tokens per call) therefore work for prefill.
+so no per-head K/V is ever materialised. New tokens are written at cache slot = position (after
+the attention, by `write_cache`), and a query at position p sees slots ``<= p``. Chunks (t > 1 tokens
+per call) therefore work for prefill.
 """
 
 from __future__ import annotations
@@ -173,9 +174,16 @@ def attention_decode(
     *,
     cfg,
 ) -> tuple[Float[Array, "batch t embed"], dict]:
-    """Decode-path MLA with absorbed projections; writes the new latents at slots = positions.
+    """Decode-path MLA with absorbed projections over `cache` (not updated) and the t new tokens.
 
-    Query at position p attends to cache slots ``0..p`` (slots must hold this sequence's tokens).
+    Returns (output, this call's latents ``{"c_kv": [b, t, Rkv], "k_rope": [b, t, r]}``); the caller
+    writes them at slots = positions (`write_cache`), once for every layer after the layer scan: a
+    scan that returned each layer's updated cache copied every cache each decode step (issue 24,
+    docs/PERF.md "Decode step"). Attention is what it would be after the write: a query at position p
+    sees slots ``<= p``, the new latents (rounded to the cache dtype, as a read back would be) at their
+    positions (>= max_len: dropped, as by the write). One token per row (decode): the cache's slots
+    ``< p`` plus the token itself, no copy of the cache; a chunk (t > 1, prefill): the new latents
+    scattered into a copy of this layer's cache, which is then attended.
     """
     tables = rope.rope_tables(cfg)
     H, n, v, R = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
@@ -184,25 +192,45 @@ def attention_decode(
     max_len = cache["c_kv"].shape[1]
     q_nope, q_rope = queries(p, x, positions, cfg, tables)
     c_new, k_new = kv_latent(p, x, positions, cfg, tables)
-
-    def write(buf, pos, new):
-        return buf.at[pos].set(new.astype(buf.dtype), mode="drop")
-
-    cache = {
-        "c_kv": jax.vmap(write)(cache["c_kv"], positions, c_new),
-        "k_rope": jax.vmap(write)(cache["k_rope"], positions, k_new),
-    }
-    c_all, k_all = cache["c_kv"].astype(dt), cache["k_rope"].astype(dt)
+    new = {"c_kv": c_new.astype(cache["c_kv"].dtype), "k_rope": k_new.astype(cache["k_rope"].dtype)}
     wkv_b = p["wkv_b"].astype(dt).reshape(R, H, n + v)
     w_uk, w_uv = wkv_b[..., :n], wkv_b[..., n:]
     q_lat = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)  # absorb W_uk into the query
-    scores = jnp.einsum("bthc,bsc->bhts", q_lat, c_all) + jnp.einsum("bthr,bsr->bhts", q_rope, k_all)
-    mask = (jnp.arange(max_len)[None, None, :] <= positions[:, :, None])[:, None]  # [b,1,t,S]
-    scores = jnp.where(mask, (scores * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    slots = jnp.arange(max_len)
+    if t == 1:
+        keys = [(cache["c_kv"].astype(dt), cache["k_rope"].astype(dt), slots[None, None, :] < positions[:, :, None]),
+                (new["c_kv"].astype(dt), new["k_rope"].astype(dt), positions[:, :, None] < max_len)]
+    else:
+        full = write_cache(cache, positions, new)
+        keys = [(full["c_kv"].astype(dt), full["k_rope"].astype(dt), slots[None, None, :] <= positions[:, :, None])]
+    sc = jnp.concatenate([jnp.einsum("bthc,bsc->bhts", q_lat, c_lat) + jnp.einsum("bthr,bsr->bhts", q_rope, k_r)
+                          for c_lat, k_r, _ in keys], axis=-1)
+    mask = jnp.concatenate([ok for _, _, ok in keys], axis=-1)[:, None]     # [b, 1, t, keys]
+    sc = jnp.where(mask, (sc * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
+    probs = jax.nn.softmax(sc, axis=-1).astype(dt)
     # probs as the left operand, contracting its minor dim against the cache's row dim: the
     # orientation XLA:CPU runs as one fused batched GEMM; the einsum order ("bhts,bsc->bthc") put
     # the cache first with a non-minor contraction and ran ~4x slower (benchmarks/rollout_engine.py).
-    o_lat = jnp.moveaxis(jax.lax.dot_general(probs, c_all, (((3,), (1,)), ((0,), (0,)))), 1, 2)  # [b,t,h,c]
-    out = jnp.einsum("bthc,chv->bthv", o_lat, w_uv).reshape(b, t, H * v)  # absorb W_uv after the sum
-    return out @ p["wo"].astype(dt), cache
+    o_lat, off = 0.0, 0
+    for c_lat, _, _ in keys:
+        pr = probs[..., off:off + c_lat.shape[1]]
+        o_lat = o_lat + jax.lax.dot_general(pr, c_lat, (((3,), (1,)), ((0,), (0,))))   # [b,h,t,c]
+        off += c_lat.shape[1]
+    out = jnp.einsum("bthc,chv->bthv", jnp.moveaxis(o_lat, 1, 2), w_uv).reshape(b, t, H * v)  # W_uv after the sum
+    return out @ p["wo"].astype(dt), new
+
+
+def write_cache(cache: dict, positions: Int[Array, "batch t"], new: dict) -> dict:
+    """`new` latents ([..., b, t, dim], e.g. a stack of layers) written into `cache` ([..., b, max_len,
+    dim]) at slots = positions; positions >= max_len are dropped. One scatter per array, in place
+    when the cache buffer is donated or a loop carry."""
+    lead = cache["c_kv"].ndim - 3
+
+    def write(buf, upd):
+        one = lambda bb, pos, u: bb.at[pos].set(u.astype(bb.dtype), mode="drop")
+        f = jax.vmap(one)
+        for _ in range(lead):
+            f = jax.vmap(f, in_axes=(0, None, 0))
+        return f(buf, positions, upd)
+
+    return {k: write(cache[k], new[k]) for k in cache}

@@ -209,15 +209,17 @@ def block(p: dict, x, positions, segment_ids, *, cfg, kind: str, replay_indices=
 
 
 def block_decode(p: dict, x, positions, cache, *, cfg, kind: str, replay_indices=None):
+    """One block of the decode path over its layer's cache (read only); returns (x, this call's
+    latents for `mla.write_cache`, stats)."""
     c = model_cfg(cfg)
     eps = c.rms_norm_eps
-    a, cache = mla.attention_decode(p["attn"], layers.rms_norm(p["attn_norm"], x, eps), positions, cache, cfg=c)
+    a, new = mla.attention_decode(p["attn"], layers.rms_norm(p["attn_norm"], x, eps), positions, cache, cfg=c)
     h = x + a
     hn = layers.rms_norm(p["mlp_norm"], h, eps)
     if kind == "dense":
-        return h + layers.swiglu(p["mlp"], hn), cache, None
+        return h + layers.swiglu(p["mlp"], hn), new, None
     y, stats = moe.moe_block(p["moe"], hn, cfg=c, replay_indices=replay_indices)
-    return h + y, cache, stats
+    return h + y, new, stats
 
 
 def lm_logits(params: dict, hidden: Float[Array, "*b embed"], *, cfg) -> Float[Array, "*b vocab"]:
@@ -330,23 +332,27 @@ def decode(
     n_dense, n_moe = layer_counts(c)
     _check_replay(replay_indices, n_moe, b * t, c)
     x = layers.embed(params["embed"], tokens, layers.dtype_of(c.dtype))
-    new_cache = {}
+    # The layer scans read the cache and return only the new tokens' latents; they are written after
+    # (one scatter per stacked array): a scan whose ys were the updated caches copied every layer's
+    # whole cache each step (issue 24, docs/PERF.md).
+    new = {}
     if n_dense:
         def dense_step(x, inp):
             p, lc = inp
-            x, lc, _ = block_decode(p, x, positions, lc, cfg=c, kind="dense")
-            return x, lc
+            x, nl, _ = block_decode(p, x, positions, lc, cfg=c, kind="dense")
+            return x, nl
 
-        x, new_cache["dense"] = jax.lax.scan(dense_step, x, (params["dense"], cache["dense"]))
+        x, new["dense"] = jax.lax.scan(dense_step, x, (params["dense"], cache["dense"]))
     if n_moe:
         def moe_step(x, inp):
             p, lc, rep = inp
-            x, lc, st = block_decode(p, x, positions, lc, cfg=c, kind="moe", replay_indices=rep)
-            return x, (lc, st)
+            x, nl, st = block_decode(p, x, positions, lc, cfg=c, kind="moe", replay_indices=rep)
+            return x, (nl, st)
 
-        x, (new_cache["moe"], stats) = jax.lax.scan(moe_step, x, (params["moe"], cache["moe"], replay_indices))
+        x, (new["moe"], stats) = jax.lax.scan(moe_step, x, (params["moe"], cache["moe"], replay_indices))
     else:
         stats = _empty_stats(c, b * t)
+    new_cache = {k: mla.write_cache(cache[k], positions, new[k]) for k in new}
     head_in = x if logits_at is None else jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
     logits = lm_logits(params, head_in, cfg=c)
     return logits, new_cache, {"router_indices": stats["indices"], "router_load": stats["load"], "hidden": x}

@@ -12,8 +12,8 @@ allocation in `core.train_groups`, after the step-0 held-out eval ran: 0.000 on 
 step over the 32-row bucket needs 92.9 GiB of temporaries (XLA's count; 99.8 GB). Now sized from
 benchmarks/rl_step_memory.py (docs/PERF.md, issue 26): `model.remat` and `rl.batch.micro_rows=4`, 7.35 GiB,
 and experiments/rl.py refuses in one line, before any sandbox or eval, a setting that would not fit
-(`rl.memory_check`). One synthetic train step at this shape ran (151 s on 2 shared cores); the
-end-to-end run has not been repeated (no task set / instance images on that machine).
+(`rl.memory_check`). End to end on 2026-12-05 (docs/PERF.md): 8 instances from parse + inflection, 2 RL
+steps at ~92 s of training each, 276 s in all; the untrained model's calls are all malformed (reward -0.02, the penalty).
 """
 
 import ml_collections

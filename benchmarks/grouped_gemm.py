@@ -26,7 +26,6 @@ import json
 import pathlib
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +33,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
 from horizon.model import grouped  # noqa: E402
+from horizon.utils import timing  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -111,17 +111,10 @@ def schedule(name: str):
 
 
 def median_time(fn, *args, iters: int, warmup: int) -> tuple[float, float]:
-    """(median seconds of a call, seconds of the first call = compile + run)."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
-    for _ in range(warmup - 1):
-        jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
+    """(median seconds of a call, seconds of the first call = compile + run), by `timing.timed`."""
+    sync = jax.block_until_ready
+    _, (first,) = timing.timed(lambda: fn(*args), 0, 1, sync=sync)
+    _, ts = timing.timed(lambda: fn(*args), warmup - 1, iters, sync=sync)
     return statistics.median(ts), first
 
 
@@ -144,20 +137,21 @@ def main(argv=None) -> int:
         if sched not in ("", "loop", "batched"):
             raise SystemExit(f"--impls: {spec!r}: the schedule after ':' is loop or batched")
         with schedule(sched):
-            rec = run_one(args, name, impl, spec, x, w, gs, ana, ref)
-        ref = rec.pop("_ref", ref)
+            rec, out = run_one(args, name, impl, spec, x, w, gs, ana, ref)
+        ref = out if ref is None else ref
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
     return 0
 
 
-def run_one(args, name, impl, spec, x, w, gs, ana, ref) -> dict:
-    """Count and time one (pass, implementation); the record (with "_ref": the first forward's output)."""
+def run_one(args, name, impl, spec, x, w, gs, ana, ref):
+    """Count and time one (pass, implementation) against `ref` (the first forward's output, or None):
+    (the record, this forward's float32 output or None)."""
     fn = expert_mlp(impl) if name == "fwd" else fwd_bwd(impl)
     rec = {"impl": spec, "pass": name, "analytic_flops": ana[name], "tokens": args.tokens,
            "experts": args.experts, "topk": args.topk, "d": args.d, "f": args.f, "dtype": args.dtype}
-    comp = float("nan")
+    comp, out = float("nan"), None
     if name == "fwd" or args.count_backward:
         try:
             comp = compiled_flops(fn, x, w, gs)
@@ -173,14 +167,14 @@ def run_one(args, name, impl, spec, x, w, gs, ana, ref) -> dict:
         t, first = median_time(jf, x, w, gs, iters=args.iters, warmup=args.warmup)
         if name == "fwd":  # same answer as the first implementation (bf16 rounding of 3 GEMMs)
             out = jf(x, w, gs).astype(jnp.float32)
-            ref = rec["_ref"] = out if ref is None else ref
+            ref = out if ref is None else ref
             rec["max_rel_diff_vs_first"] = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
         rec.update(seconds=t, first_call_s=first, tflops=ana[name] / t / 1e12)
         print(line + f"  {t * 1e3:9.2f} ms  {ana[name] / t / 1e12:7.1f} TFLOP/s (analytic)  "
               f"compile + first call {first:.1f} s" + (f"  max rel diff vs first impl "
                                                       f"{rec['max_rel_diff_vs_first']:.1e}" if name == "fwd" else ""),
               flush=True)
-    return rec
+    return rec, out
 
 
 if __name__ == "__main__":

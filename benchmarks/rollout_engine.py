@@ -11,7 +11,8 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
    loop came with issue 20), of `generate` with the tightest buckets, of the engine (`engine.Engine`,
    `rl.sampler.engine_*`) and of Hugging Face `generate` with the same weights (`--skip-hf` leaves it
    out; `benchmarks/sampling.py`'s export). The same per-sequence keys: horizon's samples must be
-   identical (printed).
+   identical (printed). `--baseline-tree DIR` adds another checkout's `generate` on the same prompts
+   (`benchmarks/generate_at_tree.py`): the path issue 24 replaced, for its ">= 3x" goal.
 2. **staggered** (`--stream` requests, budgets uniform in [8, `--new`], as a policy whose rows stop at
    different lengths): `generate` on batches of `--batch` decodes until its longest row is done (the
    lockstep path: a batch waits for its slowest row), the engine refills a slot as soon as its
@@ -31,9 +32,12 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -52,6 +56,7 @@ from horizon.utils.config import load_config_file  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 PROMPT_LEN = (32, 96)          # random prompt lengths of the raw / staggered workloads
+SETTLE_S = 0.3                 # idle time before each interleaved call: the other process's XLA threads stop spinning
 SUMMARY_LEN = 32               # the multi-turn workload's rewrite: prompt + this many summary tokens
 
 
@@ -73,6 +78,13 @@ def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256, distinct_firs
     return out
 
 
+def request_keys(key, n: int) -> list:
+    """`generate`'s per-sequence keys for `n` rows (`sampler.sequence_keys`) as raw key data, one
+    device call for all: indexing a device key array once per request cost ~0.3 ms each (11 ms of a
+    ~75 ms raw run, cProfile), caller overhead rather than engine time. `Request` takes raw keys."""
+    return list(np.asarray(jax.random.key_data(sampler.sequence_keys(key, n))))
+
+
 def timed(fn, make_input, warmup: int, reps: int):
     """(median s, all, last output) of fn(make_input(r)) (`horizon.utils.timing.timed`: fresh inputs, untimed)."""
     out, ts = timing.timed(fn, warmup, reps, make_input=make_input)
@@ -87,12 +99,11 @@ def raw(c, params, args):
     kw = sampler.sampler_kwargs_from_config(c)
     tight = dict(kw, min_batch_bucket=1, min_prompt_bucket=16, min_new_bucket=16, sync_tokens=args.new)
     n = args.batch
-    keys = lambda: sampler.sequence_keys(jax.random.key(1), n)      # noqa: E731
     mk = lambda r: prompts(np.random.default_rng(r), n, distinct_first=True)   # noqa: E731
     gen = lambda kwargs: lambda p: sampler.generate(params, p, jax.random.key(1), cfg=c, max_new_tokens=args.new,  # noqa: E731
                                                     stop_tokens=(), **kwargs)
     eng = E.Engine(c, params=params, stop_tokens=())
-    ks = keys()
+    ks = request_keys(jax.random.key(1), n)            # the same keys every repetition (as `generate` derives them)
 
     def run_engine(p):
         return E.generate_requests(eng, [E.Request(x, ks[i], args.new) for i, x in enumerate(p)])
@@ -102,7 +113,8 @@ def raw(c, params, args):
           f"{c.model.num_experts_per_tok}, f32), batch {n} x prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} + {args.new} "
           f"sampled tokens (temperature 1, no stop ids)")
     res = {}
-    for name, fn in (("generate, make run's rl.sampler (buckets 32/128/128, sync 16)", gen(kw)),
+    buckets = f"buckets {kw['min_batch_bucket']}/{kw['min_prompt_bucket']}/{kw['min_new_bucket']}, sync {kw['sync_tokens']}"
+    for name, fn in ((f"generate, make run's rl.sampler ({buckets})", gen(kw)),
                      ("generate, host sync every token (the path issue 24 started from)", gen(dict(kw, sync_tokens=1))),
                      (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
                      (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})",
@@ -115,9 +127,72 @@ def raw(c, params, args):
         np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(old_out.tokens, tight_out.tokens, sync1_out.tokens))
     print(f"  engine / make-run generate: {old_med / eng_med:.2f}x; engine / per-token-sync generate: "
           f"{sync1_med / eng_med:.2f}x   (samples identical, same per-sequence keys: {same})")
+    if args.baseline_tree:
+        tree_raw(args, mk, run_engine, ntok)
     if not args.skip_hf:
         hf_med = hf_raw(c, params, args, mk)
         print(f"  engine / HF generate: {hf_med / eng_med:.2f}x")
+
+
+class TreeGenerate:
+    """Another checkout's `generate` in a subprocess (`benchmarks/generate_at_tree.py`), one timed call
+    per `__call__` (seconds measured in the subprocess, outside the prompt transfer)."""
+
+    def __init__(self, tree: str, new: int):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate_at_tree.py")
+        self.proc = subprocess.Popen([sys.executable, script, "--tree", tree, "--new", str(new)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.tmp = tempfile.TemporaryDirectory()
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"generate_at_tree.py failed:\n{self.proc.stderr.read()[-2000:]}")
+        return json.loads(line)
+
+    def __call__(self, prompts) -> float:
+        path = os.path.join(self.tmp.name, "prompts.npz")
+        np.savez(path, **{f"p{j}": x for j, x in enumerate(prompts)})
+        self.proc.stdin.write(path + "\n")
+        self.proc.stdin.flush()
+        return self._read()["s"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+        self.tmp.cleanup()
+
+
+def tree_raw(args, mk, run_engine, ntok):
+    """The engine against another checkout's `generate` (`--baseline-tree`) on the same prompts, their
+    repetitions **interleaved** (engine, baseline, engine, ...) so slow drift of the machine's speed
+    (measured: the same engine run 70-120 ms minutes apart on this 2-core VM) hits both alike. Prints
+    both medians, their ratio and the median of the per-repetition ratios."""
+    base = TreeGenerate(args.baseline_tree, args.new)
+    try:
+        for w in range(args.warmup):
+            run_engine(mk(10_000 + w))
+            base(mk(10_000 + w))
+        eng_t, base_t = [], []
+        for r in range(args.reps):
+            p = mk(r)
+            time.sleep(SETTLE_S)
+            t0 = time.perf_counter()
+            run_engine(p)
+            eng_t.append(time.perf_counter() - t0)
+            time.sleep(SETTLE_S)
+            base_t.append(base(p))
+    finally:
+        base.close()
+    em, bm = statistics.median(eng_t), statistics.median(base_t)
+    name = f"generate at {args.baseline_tree} ({base.info['rev']}, its make-run rl.sampler)"
+    print(f"  interleaved with it, {args.reps} repetitions each:")
+    print(f"    {'engine':68s}: {ntok / em:8.0f} tokens/s  (median {em * 1e3:.0f} ms; {fmt(eng_t)})")
+    print(f"    {name:68s}: {ntok / bm:8.0f} tokens/s  (median {bm * 1e3:.0f} ms; {fmt(base_t)})")
+    paired = statistics.median(b / e for b, e in zip(base_t, eng_t))
+    print(f"  engine / baseline-tree generate: {bm / em:.2f}x (median of per-repetition ratios {paired:.2f}x; "
+          f"issue 24's raw goal: >= 3x)")
 
 
 def hf_raw(c, params, args, mk):
@@ -163,7 +238,7 @@ def staggered(c, params, args):
     eng = E.Engine(c, params=params, stop_tokens=())
 
     def new(p):
-        keys = [sampler.sequence_keys(jax.random.key(s), B) for s in range(0, len(p), B)]
+        keys = [request_keys(jax.random.key(s), B) for s in range(0, len(p), B)]
         reqs = [E.Request(x, keys[i // B][i % B], int(budgets[i])) for i, x in enumerate(p)]
         return [o.tokens for o in E.generate_requests(eng, reqs)]
 
@@ -210,7 +285,7 @@ def multi_turn(c, params, args):
         ctx = list(base)
         before = eng.stats["prefill_tokens"]
         for t in range(T + 1):
-            keys = sampler.sequence_keys(jax.random.key(t), n)
+            keys = request_keys(jax.random.key(t), n)
             out = E.generate_requests(eng, [E.Request(x, keys[i], args.new, owner=i) for i, x in enumerate(ctx)])
             if t < T:
                 ctx = [contexts_after(ctx[i], out[i].tokens, obs[i][t], t, base[i], summ[i]) for i in range(n)]
@@ -313,6 +388,8 @@ def main(argv=None):
     ap.add_argument("--strategies", nargs="+", default=["self_summary", "sliding_window"])
     ap.add_argument("--agent-turns", type=int, default=4)
     ap.add_argument("--skip-hf", action="store_true", help="no Hugging Face generate column in the raw workload")
+    ap.add_argument("--baseline-tree", default="", help="raw workload: also time this checkout's generate (the old "
+                    "path, e.g. `git worktree add /tmp/pre24 e23df6f^`; benchmarks/generate_at_tree.py)")
     args = ap.parse_args(argv)
     if min(args.batch, args.new, args.stream, args.episodes, args.group, args.turns, args.reps, args.warmup) < 1:
         ap.error("sizes, --reps and --warmup must be >= 1 (the warm-up absorbs compilation)")

@@ -110,8 +110,9 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         chunk_tokens=16,          # decode steps between weight polls (in-flight updates, SPEC §4.1; with
         #                           weights that do not change, any value gives the same samples)
         kv_mode="keep",           # at a weight switch: "keep" the old KV cache | "recompute" the prefill
-        sync_tokens=16,           # decode steps per device chunk / host sync (without in-flight polling;
-        #                           with it, chunk_tokens); benchmarks/sampling.py measures the trade-off
+        sync_tokens=32,           # decode steps per device chunk / host sync (without in-flight polling;
+        #                           with it, chunk_tokens); benchmarks/sampling.py measures the trade-off; 32 beat
+        #                           16 in the engine's raw workload (docs/PERF.md "Decode step", 2026-12-05)
         # --- rollout engine (horizon.rl.rollout.engine: continuous batching, KV reuse across turns,
         #     shared prefixes; `EnginePolicy`), through which the RL loops, async workers and evals
         #     sample (`engine.rollout_policy`; sharded over a multi-device mesh). Cache budget =
@@ -124,9 +125,9 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           on tiny: less padding, benchmarks/rollout_engine.py)
         engine_min_prefill_chunk=16,  # smallest prefill chunk (power-of-two compile buckets up to the max)
         engine_min_window=64,     # smallest attention window (compile buckets above it, up to max_len)
-        engine_window_per_octave=2,  # window buckets per doubling: 1 = powers of two; 2 adds the 1.5x midpoints
-        #                           (a window <= 1.5x the positions in use, for twice the compiles; measured in
-        #                           benchmarks/rollout_engine.py)
+        engine_window_per_octave=4,  # window buckets per doubling (a power of two): 1 = powers of two, 2 adds the
+        #                           1.5x midpoints, 4 = steps of 1/8 of the power (a window <= 1.25x the positions
+        #                           in use, for 4x the compiles of powers of two; benchmarks/rollout_engine.py)
         engine_min_reuse=16,      # shortest prefix hit copied from another slot / the swap store (a shorter one,
         #                           e.g. two prompts sharing a first token, is prefilled: a copy would cost more)
         engine_park_tokens=-1,    # swap store for evicted idle episode caches, positions; -1 = slots x max_len

@@ -177,6 +177,8 @@ def _containers():
      r"rl\.sampler\.engine_max_len=100: a slot \(100 positions\) must hold agent\.max_context_tokens=240"),
     ("rl_async", ["--config=configs/rl_async.py", "--config.rl.sampler.engine_refill_slots=99"],
      r"rl\.sampler\.engine_refill_slots=99: must be <= rl\.sampler\.engine_slots=32"),
+    ("rl", ["--config.rl.sampler.engine_window_per_octave=3"],
+     r"rl\.sampler\.engine_window_per_octave=3: must be a power of two"),
     ("eval", ["--config.rl.sampler.engine_stop_slots=1"],
      r"rl\.sampler\.engine_stop_slots=1: must hold the tokenizer's 2"),
 ])

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from horizon.model import transformer
+from horizon.model import layers, transformer
 from horizon.rl.rollout import sampler
 from horizon.utils.config import load_config_file
 from horizon.model.params import numpy_init
@@ -98,12 +98,22 @@ def test_a_sequence_samples_the_same_whatever_its_batch_mates_and_chunking(setup
     assert not np.array_equal(ref.tokens[0][:len(ref.tokens[1])], ref.tokens[1][:len(ref.tokens[0])])
 
 
-def test_inverse_cdf_draws_follow_the_softmax_and_never_a_zero_mass_token():
-    """`sampler.categorical` (one uniform per draw, inverse CDF) samples softmax(logits): over 200k
-    draws every frequency is within 5 binomial standard deviations of its probability (a 1e-6 chance
-    per token of failing by luck), and tokens of zero mass (-inf: outside a nucleus; first and last
-    positions, where an off-by-one would land) are never drawn."""
-    p = np.array([0.0, 0.05, 0.15, 0.0, 0.3, 0.5, 0.0], np.float64)
+def _zero_mass_at_block_edges(n: int) -> np.ndarray:
+    """A random distribution over `n` tokens with zero mass at the first and last token and on both
+    sides of every `layers.PREFIX_BLOCK` boundary (where an off-by-one of the two-level search lands)."""
+    p = np.random.default_rng(n).uniform(0.2, 1.0, n)
+    B = layers.PREFIX_BLOCK
+    p[[0, n - 1] + [i for b in range(B, n, B) for i in (b - 1, b)]] = 0.0
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("p", [np.array([0.0, 0.05, 0.15, 0.0, 0.3, 0.5, 0.0]), _zero_mass_at_block_edges(200)],
+                         ids=["one_block", "four_blocks"])
+def test_inverse_cdf_draws_follow_the_softmax_and_never_a_zero_mass_token(p):
+    """`sampler.categorical` (one uniform per draw, inverse CDF over blocks of tokens) samples
+    softmax(logits): over 200k draws every frequency is within 5 binomial standard deviations of its
+    probability (a 1e-6 chance per token of failing by luck), and tokens of zero mass (-inf: outside a
+    nucleus; first and last positions and block edges, where an off-by-one would land) are never drawn."""
     logits = jnp.asarray(np.log(np.where(p > 0, p, 1.0)) + np.where(p > 0, 0.0, -np.inf), jnp.float32)
     n = 200_000
     draws = np.asarray(jax.jit(jax.vmap(sampler.categorical, (0, None)))(jax.random.split(jax.random.key(0), n), logits))
@@ -112,14 +122,28 @@ def test_inverse_cdf_draws_follow_the_softmax_and_never_a_zero_mass_token():
     np.testing.assert_array_less(np.abs(freq - p), 5 * np.sqrt(p * (1 - p) / n) + 1e-12)
 
 
+def test_token_keys_and_uniform_equal_jax_random_bit_for_bit():
+    """The unrolled Threefry (`sampler.threefry2x32`) reproduces `jax.random`: `token_keys` =
+    vmapped ``fold_in`` and `uniform01` = ``uniform(key, (), float32)``, bit for bit, so the samples
+    did not change when the rolled loops went (issue 24)."""
+    seq = sampler.sequence_keys(jax.random.key(7), 64)
+    idx = jnp.arange(64, dtype=jnp.int32) * 977 + 3
+    got = sampler.token_keys(seq, idx)
+    want = jax.vmap(jax.random.fold_in)(seq, idx)
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(got)), np.asarray(jax.random.key_data(want)))
+    u = np.asarray(jax.jit(sampler.uniform01)(got))
+    np.testing.assert_array_equal(u, np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(got)))
+    assert 0.0 <= u.min() and u.max() < 1.0
+
+
 def test_prefix_sum_and_greedy_tokens_equal_cumsum_and_argmax():
-    """The sampler's two reductions equal numpy's: `prefix_sum` = cumsum (lengths around the block of
+    """The sampler's two reductions equal numpy's: `layers.prefix_sum` = cumsum (lengths around the block of
     64, float32: relative 1e-6 of the total, the two summation orders), `greedy_tokens` = argmax with
     ties to the first index."""
     rng = np.random.default_rng(0)
     for n in (1, 63, 64, 65, 320, 1000):
         x = rng.uniform(size=(3, n)).astype(np.float32)
-        got = np.asarray(sampler.prefix_sum(jnp.asarray(x)))
+        got = np.asarray(layers.prefix_sum(jnp.asarray(x)))
         np.testing.assert_allclose(got, np.cumsum(x.astype(np.float64), -1), rtol=0, atol=1e-6 * x.sum(-1).max())
     logits = rng.integers(0, 4, size=(64, 50)).astype(np.float32)      # many ties
     np.testing.assert_array_equal(np.asarray(sampler.greedy_tokens(jnp.asarray(logits))), logits.argmax(-1))
@@ -179,5 +203,8 @@ def test_bucket():
     assert sampler.bucket(3, 1) == 4
     # two buckets per octave (the engine's attention windows): powers of two and their 1.5x midpoints
     assert [sampler.bucket(n, 64, per_octave=2) for n in (1, 64, 65, 97, 129, 193, 300)] == [64, 64, 96, 128, 192, 256, 384]
+    # four per octave (the engine's default windows): 1.25x steps
+    assert [sampler.bucket(n, 64, per_octave=4) for n in (64, 65, 81, 113, 129, 161, 300)] == [64, 80, 96, 128, 160, 192, 320]
+    assert [sampler.bucket(n, 1, per_octave=4) for n in range(1, 10)] == [1, 2, 4, 4, 5, 6, 7, 8, 10]  # (2, 4]: no integer steps
     with pytest.raises(ValueError, match="per_octave"):
         sampler.bucket(5, 1, per_octave=3)

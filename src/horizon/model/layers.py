@@ -138,3 +138,22 @@ def _unembed_bwd(res, g):
 
 
 _unembed.defvjp(_unembed_fwd, _unembed_bwd)
+
+
+PREFIX_BLOCK = 64   # `prefix_sum`'s block: a [64, 64] triangular matmul per block (measured below)
+
+
+def prefix_sum(x: Float[Array, "*b n"]) -> Float[Array, "*b n"]:
+    """Inclusive cumulative sum over the last axis in two levels (the sampler's inverse CDF, the MoE's
+    counting sort): within blocks of `PREFIX_BLOCK` by
+    a triangular matmul, then the blocks' running totals. XLA:CPU's `cumsum` (a reduce-window) took
+    24 / 94 / 1695 us for 32 rows of 320 / 1024 / 32768 entries, this 11 / 31 / 790 us (2 cores,
+    2026-12-05); relative error ~2e-7 either way (float32 sums, f64 reference)."""
+    n = x.shape[-1]
+    nb = -(-n // PREFIX_BLOCK)
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, nb * PREFIX_BLOCK - n)]
+    blocks = jnp.pad(x, pad).reshape(x.shape[:-1] + (nb, PREFIX_BLOCK))
+    within = blocks @ jnp.triu(jnp.ones((PREFIX_BLOCK, PREFIX_BLOCK), x.dtype))
+    totals = within[..., -1]
+    out = within + (jnp.cumsum(totals, axis=-1) - totals)[..., None]
+    return out.reshape(x.shape[:-1] + (nb * PREFIX_BLOCK,))[..., :n]

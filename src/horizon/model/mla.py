@@ -124,13 +124,18 @@ def core_attention(
     dt = q_nope.dtype
     b, t = q_nope.shape[:2]
     s = c.shape[1]
-    kv = (c @ p["wkv_b"].astype(dt)).reshape(b, s, H, n + v)
+    kv = jnp.swapaxes((c @ p["wkv_b"].astype(dt)).reshape(b, s, H, n + v), 1, 2)   # [b, H, s, n + v]
     k_nope, val = kv[..., :n], kv[..., n:]
-    scores = jnp.einsum("bthn,bshn->bhts", q_nope, k_nope) + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope)
+    # Heads-major operands, so both products are plain batched GEMMs over (b, H): with the einsums
+    # "bthn,bshn->bhts" / "bhts,bshv->bthv" XLA:CPU ran the value product at ~7 GFLOP/s; a 32 x 64
+    # prefill chunk went 13.7 -> 11.6 ms (docs/PERF.md "Decode step", second session of 2026-12-05).
+    batch = ((0, 1), (0, 1))
+    scores = (jax.lax.dot_general(jnp.swapaxes(q_nope, 1, 2), k_nope, (((3,), (3,)), batch))
+              + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope))
     scores = jnp.where(mask, (scores * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bhts,bshv->bthv", probs, val).reshape(b, t, H * v)
-    return out @ p["wo"].astype(dt)
+    out = jax.lax.dot_general(probs, val, (((3,), (2,)), batch))                    # [b, H, t, v]
+    return jnp.swapaxes(out, 1, 2).reshape(b, t, H * v) @ p["wo"].astype(dt)
 
 
 def attention(
@@ -174,16 +179,22 @@ def attention_decode(
     *,
     cfg,
 ) -> tuple[Float[Array, "batch t embed"], dict]:
-    """Decode-path MLA with absorbed projections over `cache` (not updated) and the t new tokens.
+    """Decode-path MLA over `cache` (not updated) and the t new tokens.
 
     Returns (output, this call's latents ``{"c_kv": [b, t, Rkv], "k_rope": [b, t, r]}``); the caller
     writes them at slots = positions (`write_cache`), once for every layer after the layer scan: a
     scan that returned each layer's updated cache copied every cache each decode step (issue 24,
     docs/PERF.md "Decode step"). Attention is what it would be after the write: a query at position p
     sees slots ``<= p``, the new latents (rounded to the cache dtype, as a read back would be) at their
-    positions (>= max_len: dropped, as by the write). One token per row (decode): the cache's slots
-    ``< p`` plus the token itself, no copy of the cache; a chunk (t > 1, prefill): the new latents
-    scattered into a copy of this layer's cache, which is then attended.
+    positions (>= max_len: dropped, as by the write).
+
+    - One token per row (decode, memory-bound): absorbed projections (W_uk into the query, W_uv after
+      the value sum, DeepSeek-V2 §2.1.3) over the cache's slots ``< p`` plus the token itself, no
+      copy of the cache.
+    - A chunk (t > 1, prefill, compute-bound): the new latents scattered into a copy of this layer's
+      cache, attended like the training path (`core_attention`: keys and values up-projected once per
+      slot), 36% fewer FLOPs than absorbed at t = window on configs/tiny.py; a 32 x 64 prefill chunk
+      14.5 -> 12.8 ms on 2 CPU cores (docs/PERF.md "Decode step", 2026-12-05 second session).
     """
     tables = rope.rope_tables(cfg)
     H, n, v, R = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
@@ -193,19 +204,19 @@ def attention_decode(
     q_nope, q_rope = queries(p, x, positions, cfg, tables)
     c_new, k_new = kv_latent(p, x, positions, cfg, tables)
     new = {"c_kv": c_new.astype(cache["c_kv"].dtype), "k_rope": k_new.astype(cache["k_rope"].dtype)}
+    slots = jnp.arange(max_len)
+    if t > 1:
+        full = write_cache(cache, positions, new)
+        mask = (slots[None, None, :] <= positions[:, :, None])[:, None]
+        return core_attention(p, q_nope, q_rope, full["c_kv"].astype(dt), full["k_rope"].astype(dt), mask, cfg=cfg), new
     wkv_b = p["wkv_b"].astype(dt).reshape(R, H, n + v)
     w_uk, w_uv = wkv_b[..., :n], wkv_b[..., n:]
     q_lat = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)  # absorb W_uk into the query
-    slots = jnp.arange(max_len)
-    if t == 1:
-        keys = [(cache["c_kv"].astype(dt), cache["k_rope"].astype(dt), slots[None, None, :] < positions[:, :, None]),
-                (new["c_kv"].astype(dt), new["k_rope"].astype(dt), positions[:, :, None] < max_len)]
-    else:
-        full = write_cache(cache, positions, new)
-        keys = [(full["c_kv"].astype(dt), full["k_rope"].astype(dt), slots[None, None, :] <= positions[:, :, None])]
+    keys = [(cache["c_kv"].astype(dt), cache["k_rope"].astype(dt), slots[None, None, :] < positions[:, :, None]),
+            (new["c_kv"].astype(dt), new["k_rope"].astype(dt), positions[:, :, None] < max_len)]
     sc = jnp.concatenate([jnp.einsum("bthc,bsc->bhts", q_lat, c_lat) + jnp.einsum("bthr,bsr->bhts", q_rope, k_r)
                           for c_lat, k_r, _ in keys], axis=-1)
-    mask = jnp.concatenate([ok for _, _, ok in keys], axis=-1)[:, None]     # [b, 1, t, keys]
+    mask = jnp.concatenate([ok for _, _, ok in keys], axis=-1)[:, None]     # [b, 1, 1, keys]
     sc = jnp.where(mask, (sc * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
     probs = jax.nn.softmax(sc, axis=-1).astype(dt)
     # probs as the left operand, contracting its minor dim against the cache's row dim: the

@@ -125,7 +125,7 @@ def _dispatch_compute_combine(p_exp, x, w, idx, *, ep: int, cap: int, opts: dict
     recv_x = _a2a_mxfp8(send_x) if opts["payload"] == "mxfp8" else _a2a(send_x)
     recv_e = _a2a(send_e).reshape(-1)                                    # E_local marks an empty slot
     rows = recv_x.reshape(ep * cap, D)
-    order = jnp.argsort(recv_e, stable=True)
+    order = moe.expert_order(recv_e, E_local + 1)                        # stable; empty slots last
     group_sizes = jnp.bincount(recv_e, length=E_local).astype(jnp.int32)  # empty slots not counted
     xs = jnp.take(rows, order, axis=0)
     ys = moe.grouped_swiglu(p_exp, xs, group_sizes, cfg=cfg)

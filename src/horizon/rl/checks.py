@@ -120,7 +120,8 @@ def validate_engine(c) -> None:
     for k in ENGINE_COUNTS:
         need_int(s, k, pre, lo=1)
     if "engine_window_per_octave" in s:
-        need_int(s, "engine_window_per_octave", pre, lo=1, hi=2)
+        wpo = need_int(s, "engine_window_per_octave", pre, lo=1, hi=64)
+        need(wpo & (wpo - 1) == 0, f"{pre}.engine_window_per_octave", wpo, "must be a power of two (1, 2, 4, ...)")
     if "engine_min_reuse" in s:
         need_int(s, "engine_min_reuse", pre, lo=1)
     if "mesh" in c:        # every caller validates the mesh this way too; first, so its error is the one shown

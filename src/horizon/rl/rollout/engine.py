@@ -42,8 +42,8 @@ each (pair count, window) shape of it is one more compile. Two cases this covers
 Chunked prefill. Prefill runs on a gathered sub-batch of slot rows in chunks of at most
 `engine_prefill_chunk` tokens per row (all admitted rows advance together, one chunk per call),
 over an attention window of the first W cache positions (W a compile bucket >= `engine_min_window`
-covering the chunk: powers of two, and with `engine_window_per_octave` = 2 their 1.5x midpoints, so a
-window is at most 1.5x the positions in use); pad tokens are written past the window, i.e. nowhere
+covering the chunk: powers of two, and with `engine_window_per_octave` = 2, 4, ... that many even steps
+per doubling, so a window is at most 1.5x / 1.25x the positions in use); pad tokens are written past the window, i.e. nowhere
 (`transformer.decode` drops writes past the cache). Decode likewise attends over a window covering
 the active rows' positions: its cost per step grows with W (benchmarks/rollout_engine.py, docs/PERF.md).
 
@@ -127,13 +127,14 @@ _NO_STOP = -1          # padding of a row's stop-id table (no token id is negati
 class Request:
     """One generation: continue `context` (int token ids) by at most `max_new` tokens.
 
-    `key` is the sequence's own key (token g drawn with ``fold_in(key, g)``); `stop_ids` default to
+    `key` is the sequence's own key (token g drawn with ``fold_in(key, g)``): a typed key, or its raw
+    key data (`jax.random.key_data`, e.g. a numpy row; no device call per request); `stop_ids` default to
     the model tokenizer's; `owner` (an episode) keeps its cache in the engine between its requests
     until `Engine.release(owner)`.
     """
 
     context: Int[np.ndarray, " n"]
-    key: jax.Array
+    key: jax.Array | np.ndarray
     max_new: int
     stop_ids: Sequence[int] | None = None
     temperature: float = 1.0
@@ -320,7 +321,7 @@ def key_data(key: jax.Array) -> np.ndarray:
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """Length of the longest common prefix of two token arrays."""
     n = min(len(a), len(b))
-    if n == 0:
+    if n == 0 or a[0] != b[0]:          # the usual miss, without building the comparison arrays
         return 0
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if len(diff) else n
@@ -391,8 +392,8 @@ class Engine:
                   "refill_slots", "min_reuse"):
             if getattr(ec, f) < 1:
                 raise ValueError(f"engine {f} must be >= 1, got {getattr(ec, f)}")
-        if ec.window_per_octave not in (1, 2):
-            raise ValueError(f"engine window_per_octave must be 1 or 2, got {ec.window_per_octave}")
+        if ec.window_per_octave < 1 or ec.window_per_octave & (ec.window_per_octave - 1):
+            raise ValueError(f"engine window_per_octave must be a power of two (1, 2, 4, ...), got {ec.window_per_octave}")
         self.ec = ec
         self.mesh = pmesh.run_mesh(cfg)
         if self.mesh is not None:

@@ -72,7 +72,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.model import transformer
+from horizon.model import layers, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
 from horizon.rl.maths.batch import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
@@ -112,7 +112,51 @@ def token_keys(seq_keys: jax.Array, index) -> jax.Array:
     ``fold_in(sequence key, index)``. A sequence's samples thus depend on its key and its own
     tokens only, not on its batch-mates, the batch size or the decode chunking (issue 24)."""
     idx = jnp.broadcast_to(jnp.asarray(index, jnp.int32), (seq_keys.shape[0],))
-    return jax.vmap(jax.random.fold_in)(seq_keys, idx)
+    if not _unrolled_threefry(seq_keys):
+        return jax.vmap(jax.random.fold_in)(seq_keys, idx)
+    kd = jax.random.key_data(seq_keys)
+    zero = jnp.zeros_like(idx, jnp.uint32)
+    y1, y2 = threefry2x32(kd[..., 0], kd[..., 1], zero, idx.astype(jnp.uint32))
+    return jax.random.wrap_key_data(jnp.stack([y1, y2], axis=-1), impl=jax.random.key_impl(seq_keys))
+
+
+def uniform01(key: jax.Array) -> Float[Array, "*b"]:
+    """``jax.random.uniform(key, (), float32)`` for each key of a batch, bit for bit (`threefry2x32`)."""
+    if not _unrolled_threefry(key):
+        return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key.reshape(-1)).reshape(key.shape)
+    kd = jax.random.key_data(key)
+    zero = jnp.zeros(key.shape, jnp.uint32)
+    b1, b2 = threefry2x32(kd[..., 0], kd[..., 1], zero, zero)     # the counter of a scalar draw is (0, 0)
+    mant = jax.lax.shift_right_logical(b1 ^ b2, jnp.uint32(32 - 23)) | jnp.uint32(0x3F800000)
+    return jnp.maximum(jax.lax.bitcast_convert_type(mant, jnp.float32) - 1.0, 0.0)
+
+
+def _unrolled_threefry(keys: jax.Array) -> bool:
+    """Whether `token_keys` / `uniform01` may use `threefry2x32`: threefry keys under JAX's default
+    partitionable bit generation (what they reproduce); otherwise they call `jax.random`."""
+    partitionable = getattr(jax.config, "jax_threefry_partitionable", True)   # the only mode where the flag is gone
+    return str(jax.random.key_impl(keys)) == "threefry2x32" and bool(partitionable)
+
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Array]:
+    """The Threefry-2x32 block cipher (20 rounds; Salmon et al. 2011, what `jax.random`'s default key
+    hashes with) on uint32 arrays, as straight-line elementwise ops. XLA:CPU lowers `jax.random`'s
+    threefry to a 5-iteration loop (kept rolled to save compile time): a loop of small kernels per
+    `fold_in` or `uniform`, ~80 of a tiny model's ~640 us decode step (2 cores, 2026-12-05, docs/PERF.md
+    "Decode step"); unrolled, XLA fuses the whole cipher into one kernel. Bit-identical to JAX's
+    (tests/rl/test_sampler.py)."""
+    u = jnp.uint32
+    ks = (k1, k2, k1 ^ k2 ^ u(0x1BD11BDA))
+    x1, x2 = x1 + ks[0], x2 + ks[1]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x1 = x1 + x2
+            x2 = (jax.lax.shift_left(x2, u(r)) | jax.lax.shift_right_logical(x2, u(32 - r))) ^ x1
+        x1, x2 = x1 + ks[(i + 1) % 3], x2 + ks[(i + 2) % 3] + u(i + 1)
+    return x1, x2
 
 
 def categorical(key: jax.Array, logits: Float[Array, " vocab"]) -> Int[Array, ""]:
@@ -121,28 +165,25 @@ def categorical(key: jax.Array, logits: Float[Array, " vocab"]) -> Int[Array, ""
     mass, e.g. outside the nucleus, is never drawn). `jax.random.categorical` (Gumbel-max) draws one
     random number per vocabulary entry instead: on 2 CPU cores, 32 rows, 153 vs 6 us per draw at a
     256-token vocabulary and 13.6 vs 0.35 ms at 32k (docs/PERF.md "Decode step"), most of a small
-    model's decode step. Same distribution; different samples for a given key."""
-    u = jax.random.uniform(key, (), jnp.float32)
-    cdf = prefix_sum(jnp.exp(logits - jnp.max(logits)))
-    return jnp.sum(cdf < (1.0 - u) * cdf[-1]).astype(jnp.int32)
+    model's decode step. Same distribution; different samples for a given key. `key` is one key (vmap
+    it over rows); u is `uniform01`'s, i.e. ``jax.random.uniform(key)`` bit for bit.
 
-
-PREFIX_BLOCK = 64   # `prefix_sum`'s block: a [64, 64] triangular matmul per block (measured below)
-
-
-def prefix_sum(x: Float[Array, "*b n"]) -> Float[Array, "*b n"]:
-    """Inclusive cumulative sum over the last axis in two levels: within blocks of `PREFIX_BLOCK` by
-    a triangular matmul, then the blocks' running totals. XLA:CPU's `cumsum` (a reduce-window) took
-    24 / 94 / 1695 us for 32 rows of 320 / 1024 / 32768 entries, this 11 / 31 / 790 us (2 cores,
-    2026-12-05); relative error ~2e-7 either way (float32 sums, f64 reference)."""
-    n = x.shape[-1]
-    nb = -(-n // PREFIX_BLOCK)
-    pad = [(0, 0)] * (x.ndim - 1) + [(0, nb * PREFIX_BLOCK - n)]
-    blocks = jnp.pad(x, pad).reshape(x.shape[:-1] + (nb, PREFIX_BLOCK))
-    within = blocks @ jnp.triu(jnp.ones((PREFIX_BLOCK, PREFIX_BLOCK), x.dtype))
-    totals = within[..., -1]
-    out = within + (jnp.cumsum(totals, axis=-1) - totals)[..., None]
-    return out.reshape(x.shape[:-1] + (nb * PREFIX_BLOCK,))[..., :n]
+    The search is two-level: the running mass of the `layers.PREFIX_BLOCK`-token blocks picks the block, and
+    only that block's prefix sum picks the token (a full-vocabulary `layers.prefix_sum` was ~30 of a tiny
+    model's ~600 us decode step; docs/PERF.md "Decode step", second session of 2026-12-05)."""
+    u = uniform01(key)
+    e = jnp.exp(logits - jnp.max(logits))
+    V, B = e.shape[-1], layers.PREFIX_BLOCK
+    nb = -(-V // B)
+    blocks = jnp.pad(e, (0, nb * B - V)).reshape(nb, B)
+    tot = jnp.sum(blocks, axis=-1)
+    cum = layers.prefix_sum(tot)
+    target = (1.0 - u) * cum[-1]
+    j = jnp.minimum(jnp.sum(cum < target), nb - 1)
+    row = blocks[j]
+    within = layers.prefix_sum(row) + (cum[j] - tot[j])
+    last = jnp.max(jnp.where(row > 0, jnp.arange(B), 0))     # rounding never lands past the block's mass
+    return (j * B + jnp.minimum(jnp.sum(within < target), last)).astype(jnp.int32)
 
 
 def greedy_tokens(logits: Float[Array, "b vocab"]) -> Int[Array, " b"]:

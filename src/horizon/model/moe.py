@@ -13,9 +13,10 @@ Routing for a token with hidden ``x`` (router math in float32, as HF)::
     y = sum_{i in I} g_i * SwiGLU_i(x) + SwiGLU_shared(x)
 
 Expert compute is a grouped GEMM: the ``T*k`` (token, expert) assignments are sorted by expert
-(`expert_order`: a stable argsort, or a counting sort where that is faster), ``group_sizes = bincount(expert)``, and each of the three expert GEMMs is one grouped
-GEMM (`horizon.model.grouped`: `ragged_dot` semantics, FLOPs proportional to the routed rows) through
-`expert_matmul` (the hook for low-precision recipes, SPEC §3). Outputs are
+(`expert_order`: a stable argsort, or a counting sort where that is faster), ``group_sizes =
+bincount(expert)``, and each of the three expert GEMMs is one grouped GEMM (`horizon.model.grouped`:
+`ragged_dot` semantics, FLOPs proportional to the routed rows) through `expert_matmul` (the hook for
+low-precision recipes, SPEC §3). Outputs are
 weighted by ``g`` and scatter-added back to their tokens.
 
 Aux-loss-free balancing (DeepSeek-V3 §2.1.2): after a step, `update_router_bias` moves each layer's

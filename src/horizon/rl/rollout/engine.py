@@ -42,10 +42,11 @@ each (pair count, window) shape of it is one more compile. Two cases this covers
 Chunked prefill. Prefill runs on a gathered sub-batch of slot rows in chunks of at most
 `engine_prefill_chunk` tokens per row (all admitted rows advance together, one chunk per call),
 over an attention window of the first W cache positions (W a compile bucket >= `engine_min_window`
-covering the chunk: powers of two, and with `engine_window_per_octave` = 2, 4, ... that many even steps
-per doubling, so a window is at most 1.5x / 1.25x the positions in use); pad tokens are written past the window, i.e. nowhere
-(`transformer.decode` drops writes past the cache). Decode likewise attends over a window covering
-the active rows' positions: its cost per step grows with W (benchmarks/rollout_engine.py, docs/PERF.md).
+covering the chunk: powers of two, and with `engine_window_per_octave` = 2, 4, ... that many even
+steps per doubling, so a window is at most 1.5x / 1.25x the positions in use); pad tokens are
+written past the window, i.e. nowhere (`transformer.decode` drops writes past the cache). Decode
+likewise attends over a window covering the active rows' positions: its cost per step grows with W
+(benchmarks/rollout_engine.py, docs/PERF.md).
 
 Decode. One jitted `lax.while_loop` runs up to `sync_tokens` decode steps (`chunk_tokens` with a
 `poll`) of every active slot per host round-trip, each step `sampler.decode_one` (the one decode
@@ -393,7 +394,8 @@ class Engine:
             if getattr(ec, f) < 1:
                 raise ValueError(f"engine {f} must be >= 1, got {getattr(ec, f)}")
         if ec.window_per_octave < 1 or ec.window_per_octave & (ec.window_per_octave - 1):
-            raise ValueError(f"engine window_per_octave must be a power of two (1, 2, 4, ...), got {ec.window_per_octave}")
+            raise ValueError(f"engine window_per_octave must be a power of two (1, 2, 4, ...), "
+                             f"got {ec.window_per_octave}")
         self.ec = ec
         self.mesh = pmesh.run_mesh(cfg)
         if self.mesh is not None:

@@ -140,15 +140,18 @@ class TreeGenerate:
 
     def __init__(self, tree: str, new: int):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate_at_tree.py")
-        self.proc = subprocess.Popen([sys.executable, script, "--tree", tree, "--new", str(new)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.tmp = tempfile.TemporaryDirectory()
+        self.err = open(os.path.join(self.tmp.name, "stderr.txt"), "w+")   # a file: a full pipe would block it
+        self.proc = subprocess.Popen([sys.executable, script, "--tree", tree, "--new", str(new)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True)
         self.info = self._read()
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"generate_at_tree.py failed:\n{self.proc.stderr.read()[-2000:]}")
+            self.proc.wait()
+            self.err.seek(0)
+            raise SystemExit(f"generate_at_tree.py failed:\n{self.err.read()[-2000:]}")
         return json.loads(line)
 
     def __call__(self, prompts) -> float:
@@ -161,6 +164,7 @@ class TreeGenerate:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
+        self.err.close()
         self.tmp.cleanup()
 
 

@@ -59,8 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
     e.quick = False                   # True: merge quick_overrides below (a short run that shows the pipeline)
     e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # docs/PERF.md, issue 25: with clean_key_weight
     #   10 (1498 s) the copy had not formed by stage-1 step 800 (key in memory 0.00 for every summarizer); with 30
-    #   it had partly (0.75 each in seed 0), and
-    #   quick ran in 1117 s with a ranking (self-summary 0.75, compaction 0.66, sliding window 0.03: one seed)
+    #   it had partly (0.75 each in seed 0), and quick ran in 1117 s with a ranking (self-summary 0.75,
+    #   compaction 0.66, sliding window 0.03: one seed)
         seeds=(0,), n_sft_tasks=256, steps=4, check_tasks=8, eval=dict(n_tasks=16, passes=2),
         sft=dict(clean_steps=800, steps=100, probe_every=0, clean_key_weight=30.0),
     )))

@@ -193,8 +193,10 @@ def attention_decode(
       copy of the cache.
     - A chunk (t > 1, prefill, compute-bound): the new latents scattered into a copy of this layer's
       cache, attended like the training path (`core_attention`: keys and values up-projected once per
-      slot), 36% fewer FLOPs than absorbed at t = window on configs/tiny.py; a 32 x 64 prefill chunk
-      14.5 -> 12.8 ms on 2 CPU cores (docs/PERF.md "Decode step", 2026-12-05 second session).
+      slot). Multiply-adds per row and layer over s slots: absorbed t*H*(n*R + s*(2R + r) + R*v),
+      unabsorbed s*R*H*(n + v) + t*s*H*(n + r + v), i.e. 1.44M vs 0.92M on configs/tiny.py at
+      t = s = 64 (analytic); a 32 x 64 prefill chunk 14.5 -> 12.8 ms on 2 CPU cores (docs/PERF.md
+      "Decode step", 2026-12-05 second session).
     """
     tables = rope.rope_tables(cfg)
     H, n, v, R = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank

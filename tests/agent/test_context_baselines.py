@@ -156,3 +156,38 @@ def test_context_note_joins_the_system_prompt_of_its_strategy_only():
     cfg.context_notes = ml_collections.ConfigDict({"self_sumary": "typo"})
     with pytest.raises(ConfigError, match=r"agent\.context_notes\.self_sumary"):
         validate_agent_config(cfg)
+
+
+def test_carried_turn_renders_identically_but_out_of_the_loss_mask():
+    """`prompt.carry_over`: a turn kept across a context rewrite keeps its exact tokens and leaves the
+    loss mask, its recorded logprobs, versions and routing (they belong to the context it was sampled in)."""
+    import numpy as np
+
+    from horizon.agent.prompt import carry_over, render
+
+    ids = np.asarray(TOK.encode("<think>key #Q</think>"), np.int32)
+    own = Message("assistant", tokens=ids, logprobs=np.full(len(ids), -0.5, np.float32),
+                  policy_versions=np.full(len(ids), 3, np.int32), router_indices=np.zeros((2, len(ids), 1), np.int32))
+    msgs = [Message("system", "sys"), Message("user", "task"), own, Message("observation", "out")]
+    before, after = render(msgs, TOK), render(carry_over(msgs), TOK)
+    np.testing.assert_array_equal(before.tokens, after.tokens)
+    assert before.loss_mask.sum() == len(ids) and not after.loss_mask.any()
+    assert (after.policy_versions == -1).all() and (after.logprobs == 0).all() and after.router_indices is None
+    assert carry_over(msgs)[0] is msgs[0] and not own.carried                     # only generated turns; copies
+
+
+@pytest.mark.parametrize("strategy", ["observation_masking", "summarizing_condenser", "sliding_window",
+                                      "self_summary", "prompt_compaction"])
+def test_each_generated_token_is_trained_once_where_it_was_sampled(episode, strategy):
+    """Across a rewrite the kept turns are context: the chain's loss masks sum to its generated tokens
+    (before `carry_over` a masking chain trained its key note again after the key's observation was
+    masked: an unpredictable target), and the only trained key letter of a later segment is the answer's."""
+    from horizon.env import selfsum as ss
+
+    t, ep, tr, _ = episode(strategy)
+    assert len(tr.segments) >= 2
+    assert sum(int(s.loss_mask.sum()) for s in tr.segments) == ep.generated_tokens == tr.num_generated_tokens
+    last = tr.segments[-1]
+    keys = [t.metadata["key"]] if strategy != "sliding_window" else []
+    at = ss.key_token_positions(last.tokens, last.loss_mask, keys, TOK)
+    assert [ss.memory_kind(TOK.decode(last.tokens[:i])) for i in at] == (["final"] if keys else [])

@@ -38,6 +38,7 @@ class Message:
     logprobs: np.ndarray | None = None         # f32[m], aligned with tokens
     router_indices: np.ndarray | None = None   # int32[L_moe, m, k] or None
     policy_versions: np.ndarray | None = None  # int32[m]
+    carried: bool = False                      # generated in an earlier segment: context here, not trained
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -46,6 +47,23 @@ class Message:
     @property
     def generated(self) -> bool:
         return self.tokens is not None
+
+    @property
+    def trained(self) -> bool:
+        """Whether this message's tokens are in the loss mask of the context it is rendered in: a
+        turn generated there, not one `carried` over a context rewrite (`carry_over`)."""
+        return self.tokens is not None and not self.carried
+
+
+def carry_over(messages: list[Message]) -> list[Message]:
+    """`messages` as the first context of a new segment (a summary, a masking or window rewrite):
+    every generated turn kept from the old context becomes `carried` — same tokens, so the new
+    context renders exactly as the policy sees it, but out of the loss mask. Each generated token
+    is trained once, in the context it was sampled from: its recorded logprobs, versions and routing
+    belong to that context (SPEC §4.1 ratios and router replay, §6 segments), and a carried note
+    (observation masking's `<think>key #Q`) sits after its masked source, where it cannot be
+    predicted (docs/PERF.md, issue 25)."""
+    return [dataclasses.replace(m, carried=True) if m.trained else m for m in messages]
 
 
 @dataclasses.dataclass
@@ -97,7 +115,7 @@ def render(messages: list[Message], tok, *, add_generation_prompt: bool = False)
         mids = message_ids(m, tok)
         start = len(ids)
         ids += mids
-        if m.tokens is not None:
+        if m.trained:
             g, h = len(m.tokens), len(tok.turn_open(m.role))
             mask += [False] * h + [True] * g + [False] * (len(mids) - h - g)
             lp = np.zeros(len(mids), np.float32)

@@ -5,7 +5,8 @@ parses the generated turn, executes the tool call in the sandbox, appends the
 observation and compacts the context when the trigger is reached. The RL driver can
 therefore batch generation over many episodes (`run_episodes`). A rollout is a chain
 of `Segment`s: a new segment starts whenever the context is rewritten (summary or
-window drop); every model token of every segment is in the loss mask.
+window drop); each generated token is in the loss mask of the segment it was generated in, and
+only there: turns kept across a rewrite are that segment's context (`prompt.carry_over`).
 
 Stats (exact keys, see AGENT_TASK_CONTRACT.md): every generated token is counted in
 exactly one of thinking_tokens (`<think>` blocks, and all summary-turn tokens),
@@ -32,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
-from horizon.agent.prompt import Message, render, system_prompt, task_text
+from horizon.agent.prompt import Message, carry_over, render, system_prompt, task_text
 from horizon.agent.summarize import (STRATEGIES, ContextState, make_strategy, validate_strategy_options,
                                      with_context_note)
 from horizon.tools.format import FORMATS, ParseError, tool_format
@@ -316,7 +317,7 @@ class Episode:
         self._close_segment()
         state = ContextState(self.messages, self.stats["summaries"], self.stats["turns"],
                              int(self.cfg.max_turns), self.tool_state.remaining_todos())
-        self.messages = self.strategy.compact(state, summary, self._measure)
+        self.messages = carry_over(self.strategy.compact(state, summary, self._measure))
         self.stats["summaries"] += 1
         self.phase = "act"
         if self.stats["malformed_calls"] >= int(self.cfg.max_malformed_calls):
@@ -343,7 +344,7 @@ class Episode:
         if len(new) != len(self.messages) or any(a is not b for a, b in zip(new, self.messages)):
             # something dropped or rewritten (e.g. masked): the old context becomes a segment
             self._close_segment()
-            self.messages = new
+            self.messages = carry_over(new)
 
     def after_tools(self) -> None:
         """Execute a deferred tool call, then the end-condition and compaction checks."""

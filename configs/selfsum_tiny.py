@@ -59,10 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.quick = False                   # True: merge quick_overrides below (a short run that shows the pipeline)
     e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # docs/PERF.md, issue 25: with clean_key_weight
     #   10 (1498 s) the copy had not formed by stage-1 step 800 (key in memory 0.00 for every summarizer); with 30
-    #   it had partly (0.75 each in seed 0), and quick ran in 1117 s with a ranking (self-summary 0.75,
-    #   compaction 0.66, sliding window 0.03: one seed)
+    #   (now the default, e.sft.clean_key_weight below) it had partly (0.75 each in seed 0), and quick ran in 1117 s
+    #   with a ranking (self-summary 0.75, compaction 0.66, sliding window 0.03: one seed)
         seeds=(0,), n_sft_tasks=256, steps=4, check_tasks=8, eval=dict(n_tasks=16, passes=2),
-        sft=dict(clean_steps=800, steps=100, probe_every=0, clean_key_weight=30.0),
+        sft=dict(clean_steps=800, steps=100, probe_every=0),
     )))
     e.steps = 4                       # RL steps per strategy (~25 s each alone on 2 cores: the 2-hour budget, PERF.md)
     e.n_sft_tasks = 512               # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
@@ -85,8 +85,10 @@ def get_config() -> ml_collections.ConfigDict:
     ))
     e.sft.clean_seq_len = 512         # stage 1 holds every strategy: compaction segments reach 431 tokens (the table
     e.sft.clean_batch_size = 8        #   above); attention dominates the step (8 x 1024 byte rows cost 4x 32 x 256)
-    e.sft.clean_key_weight = 10.0     # stage-1 loss weight of every strategy's key-letter tokens, alike for all
-    #                                   (selfsum.weight_key_tokens): ~2% of the trained tokens are the copy; 1 = off
+    e.sft.clean_key_weight = 30.0     # stage-1 loss weight of every strategy's key-letter tokens, alike for all
+    #                                   (selfsum.weight_key_tokens): ~2% of the trained tokens are the copy; 1 = off.
+    #                                   10 formed it by step 1200 in no seed with the context notes; 30 had every
+    #                                   summarizer at 1.00 by step 600 (seed 0; docs/PERF.md, 2026-12-05)
     e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy formed as it decayed, not at constant 1e-2
     e.sft.steps = 300                 # stage 2: every strategy, `corrupt_prob` lossy summaries
     e.sft.optim.lr = 2e-3             # stage 2 peak lr: at 1e-2 stage 2 undid the copy (summary 0.69 -> 0.08,

@@ -5,12 +5,15 @@ it on a scripted key-recall episode through the real agent loop (LocalSandbox).
 """
 
 import ml_collections
+import numpy as np
 import pytest
 
 from horizon.agent import Message, ObservationMasking, SummarizingCondenser, make_strategy, run_episodes, split_turns
+from horizon.agent.prompt import carry_over, render
 from horizon.agent.rollout import validate_agent_config
 from horizon.agent.summarize import ContextState
 from horizon.data.tokenizer import tokenizer_from_config
+from horizon.env import selfsum as ss
 from horizon.env.demos import KeyRecallDemoPolicy
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox
@@ -161,10 +164,6 @@ def test_context_note_joins_the_system_prompt_of_its_strategy_only():
 def test_carried_turn_renders_identically_but_out_of_the_loss_mask():
     """`prompt.carry_over`: a turn kept across a context rewrite keeps its exact tokens and leaves the
     loss mask, its recorded logprobs, versions and routing (they belong to the context it was sampled in)."""
-    import numpy as np
-
-    from horizon.agent.prompt import carry_over, render
-
     ids = np.asarray(TOK.encode("<think>key #Q</think>"), np.int32)
     own = Message("assistant", tokens=ids, logprobs=np.full(len(ids), -0.5, np.float32),
                   policy_versions=np.full(len(ids), 3, np.int32), router_indices=np.zeros((2, len(ids), 1), np.int32))
@@ -182,8 +181,6 @@ def test_each_generated_token_is_trained_once_where_it_was_sampled(episode, stra
     """Across a rewrite the kept turns are context: the chain's loss masks sum to its generated tokens
     (before `carry_over` a masking chain trained its key note again after the key's observation was
     masked: an unpredictable target), and the only trained key letter of a later segment is the answer's."""
-    from horizon.env import selfsum as ss
-
     t, ep, tr, _ = episode(strategy)
     assert len(tr.segments) >= 2
     assert sum(int(s.loss_mask.sum()) for s in tr.segments) == ep.generated_tokens == tr.num_generated_tokens

@@ -39,7 +39,10 @@ def scope_seed(c, family, tok, log) -> dict:
         history.append(chk)
         mem = " ".join(f"{x}={chk.get(f'{x}_summary_key_acc', float('nan')):.2f}" for x in summ)
         ans = " ".join(f"{x}={chk.get(f'{x}_final_key_acc', float('nan')):.2f}" for x in c.exp.strategies)
-        print(f"seed {c.seed} probe {len(history)}: key in summary {mem} | answer {ans}", flush=True)
+        slots = " ".join(f"{k.removeprefix('self_summary_summary_key_acc_')}={v:.2f}" for k, v in chk.items()
+                         if k.startswith("self_summary_summary_key_acc_m"))
+        print(f"seed {c.seed} probe {len(history)}: key in summary {mem} | answer {ans}"
+              + (f" | self-summary slots {slots}" if slots else ""), flush=True)
         return chk
 
     t0 = time.time()

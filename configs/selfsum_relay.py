@@ -2,10 +2,11 @@
 
 Three keys arrive at different times — key.txt, then "key #Z" lines in 4.log and 8.log
 (`key_recall.late_key_logs`) — and the answer is every key in order ("#Q #Z #B", exact match).
-With the same trigger (200 BPE tokens) a self-summary chain reads key.txt and three logs, summarizes
-(key 1), reads three more (key 2), summarizes again (keys 1 and 2: the second summary must carry
-forward what the first held), reads the last two logs (key 3) and answers: two summaries per
-chain, three segments (tests/tasks/test_key_relay.py pins it for every strategy's demonstrator).
+With the same trigger (200 BPE tokens) and the context notes, a self-summary demo chain reads key.txt
+and two logs, summarizes (key 1), reads three more (key 2 in 4.log), summarizes again (keys 1 and 2:
+the second summary must carry forward what the first held), reads the last three (key 3 in 8.log),
+summarizes a third time (all three) and answers: three summaries, four segments, on each of 32
+train chains (tests/tasks/test_key_relay.py pins >= 2 for every strategy's demonstrator).
 """
 
 import ml_collections

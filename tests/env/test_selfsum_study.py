@@ -84,6 +84,11 @@ def test_balance_rows_and_masks():
     assert mask_final_turn(None, mask).tolist() == [False, True, True, False, False, False, False, False]
     assert ss.memory_kind("x<summary>key ") == "summary" and ss.memory_kind("<summary>a</summary><think>") == "note"
     assert ss.memory_kind("<think>a</think><final>") == "final"
+    # key_relay's per-slot copy check: (keys in this memory, slot), the earlier summary's keys not counted
+    before = "Summary: key #A, last 2.log<summary>key #A, key #"
+    assert ss.memory_slot(before, "O, key #N, last 8.log</summary><final>#A") == (3, 2)
+    assert ss.memory_slot("key #A<summary>key #", "A, last 1.log</summary>") == (1, 1)
+    assert ss.memory_slot("<think>key #", "Z</think>") == (1, 1)
 
 
 def test_copy_check_lines_and_table():

@@ -314,10 +314,7 @@ class Episode:
         summary = None if isinstance(parsed, ParseError) else parsed[1]
         if summary is None:
             self.stats["malformed_calls"] += 1
-        self._close_segment()
-        state = ContextState(self.messages, self.stats["summaries"], self.stats["turns"],
-                             int(self.cfg.max_turns), self.tool_state.remaining_todos())
-        self.messages = carry_over(self.strategy.compact(state, summary, self._measure))
+        self._rewrite(self.strategy.compact(self._state(), summary, self._measure))
         self.stats["summaries"] += 1
         self.phase = "act"
         if self.stats["malformed_calls"] >= int(self.cfg.max_malformed_calls):
@@ -338,13 +335,19 @@ class Episode:
             self.messages.append(q)
             self.phase = "summarize"
             return
-        state = ContextState(self.messages, self.stats["summaries"], self.stats["turns"],
-                             int(self.cfg.max_turns), self.tool_state.remaining_todos())
-        new = self.strategy.compact(state, None, self._measure)
+        new = self.strategy.compact(self._state(), None, self._measure)
         if len(new) != len(self.messages) or any(a is not b for a, b in zip(new, self.messages)):
-            # something dropped or rewritten (e.g. masked): the old context becomes a segment
-            self._close_segment()
-            self.messages = carry_over(new)
+            self._rewrite(new)          # something dropped or rewritten (e.g. masked)
+
+    def _state(self) -> ContextState:
+        return ContextState(self.messages, self.stats["summaries"], self.stats["turns"],
+                            int(self.cfg.max_turns), self.tool_state.remaining_todos())
+
+    def _rewrite(self, new: list[Message]) -> None:
+        """A context rewrite: the old context becomes a segment, `new` the next one's messages, its
+        kept generated turns carried (`prompt.carry_over`: rendered, not trained again)."""
+        self._close_segment()
+        self.messages = carry_over(new)
 
     def after_tools(self) -> None:
         """Execute a deferred tool call, then the end-condition and compaction checks."""

@@ -176,12 +176,14 @@ def key_copy_check(params, family, c, tok) -> dict:
     observation or an earlier summary) and in the final answer (copied from the memory or the
     observation). Keys `{strategy}_{summary|note|final}_key_acc`. Chance is 1/23 (~0.04); a policy
     that carries the keys through its memory needs both near 1. A segment that holds no key (a
-    sliding window's last: its answer is a guess) is not scored."""
+    sliding window's last: its answer is a guess) is not scored. Where a memory holds several keys
+    (key_relay), also `{strategy}_{summary|note}_key_acc_m{n}k{j}`: slot j of memories of n keys
+    (`memory_slot`)."""
     tasks = family.tasks("heldout", int(c.exp.check_tasks))
     model_cfg = ml_collections.FrozenConfigDict(c.model)             # hashable: one compile per shape per run
     out = {}
     for s in c.exp.strategies:
-        hits = {"summary": [], "note": [], "final": []}
+        hits, slots = {"summary": [], "note": [], "final": []}, {}
         for tokens, mask in demo_rows(family, c, tok, (s,), 0.0, tasks=tasks):
             keys = ordered_keys(tok.decode(tokens))
             if not keys:                                  # the window dropped the keys: the answer is a guess
@@ -190,11 +192,28 @@ def key_copy_check(params, family, c, tok) -> dict:
             padded = np.pad(np.asarray(tokens, np.int32), (0, -n % 128))[None]     # few shapes: few compiles
             pred = np.asarray(jnp.argmax(_logits(params, jnp.asarray(padded), cfg=model_cfg), -1))[0]
             for i in key_token_positions(tokens, mask, keys, tok):
-                hits[memory_kind(tok.decode(tokens[:i]))].append(bool(pred[i - 1] == tokens[i]))
+                before = tok.decode(tokens[:i])
+                kind, hit = memory_kind(before), bool(pred[i - 1] == tokens[i])
+                hits[kind].append(hit)
+                if kind != "final":
+                    slots.setdefault((kind, *memory_slot(before, tok.decode(tokens[i:]))), []).append(hit)
         for kind, h in hits.items():
             if h:
                 out[f"{s}_{kind}_key_acc"] = float(np.mean(h))
+        if any(n > 1 for _, n, _ in slots):             # several keys in one memory (key_relay): per slot
+            out.update({f"{s}_{kind}_key_acc_m{n}k{j}": float(np.mean(h)) for (kind, n, j), h in sorted(slots.items())})
     return out
+
+
+def memory_slot(before: str, after: str) -> tuple[int, int]:
+    """(keys in the memory, this key's 1-based slot) of the key letter that ends `before` and
+    starts `after`, inside a summary or note: on key_relay, slot 1 of a 2-key summary is the key
+    carried from the previous summary, slot 2 the one read since (where a copy is lost, issue 25)."""
+    o = max(before.rfind("<summary>"), before.rfind("<think>"))
+    close = [x for x in (after.find("</summary>"), after.find("</think>")) if x >= 0]
+    body = before[o:] + after[:min(close) if close else len(after)]
+    slot = len(key_recall.KEY_RE.findall(before[o:] + after[:1]))
+    return len(key_recall.KEY_RE.findall(body)), slot
 
 
 def copy_check_lines(chk: dict, strategies, threshold: float) -> list[str]:

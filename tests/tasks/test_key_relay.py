@@ -45,6 +45,18 @@ def test_relay_tasks():
     assert kr.make_key_recall_task(5, n_decoys=0) == kr.make_key_recall_task(5, n_decoys=0, n_keys=1)  # key_recall as before
     with pytest.raises(ValueError, match="n_keys"):
         kr.make_key_recall_task(1, n_logs=2, n_keys=4)
+    # slot_alphabets: key i from the i-th disjoint slice (23 letters: 8, 8, 7), the files laid out as before
+    assert [kr.slot_alphabet("ABCDEFG", 3, i) for i in range(3)] == ["ABC", "DE", "FG"]
+    seen = set()
+    for seed in range(40):
+        t = kr.make_key_recall_task(seed, n_logs=8, n_keys=3, n_decoys=0, slot_alphabets=True)
+        ks = t.metadata["keys"]
+        assert all(k in kr.slot_alphabet(kr.KEY_ALPHABET, 3, i) for i, k in enumerate(ks)), ks
+        assert t.files["key.txt"] == f"key #{ks[0]}\n" and f"key #{ks[1]}" in t.files["4.log"]
+        seen.add(ks[0])
+    assert len(seen) >= 6                               # every letter of slot 0's 8 is drawn, not a fixed one
+    with pytest.raises(ValueError, match="slot_alphabets"):
+        kr.make_key_recall_task(1, n_keys=1, n_decoys=0, slot_alphabets=True)
     bad = ml_collections.ConfigDict(load_config_file("configs/selfsum_relay.py").exp.to_dict())
     bad.task.n_keys = 1
     with pytest.raises(ValueError, match="n_keys"):

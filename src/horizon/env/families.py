@@ -114,7 +114,7 @@ def family_from_config(e) -> Family:
         def make(seed, _t=t):
             return key_recall.make_key_recall_task(seed, n_logs=int(_t.n_logs), log_lines=int(_t.log_lines),
                                                    n_decoys=int(_t.n_decoys), key_alphabet=str(_t.key_alphabet),
-                                                   n_keys=n_keys)
+                                                   n_keys=n_keys, slot_alphabets=bool(_t.get("slot_alphabets", False)))
         # the env's only tool reads: no edit is possible, so the eager-edit check is skipped
         return Family(e.env, key_recall.SYSTEM_PROMPT, make, key_recall.key_recall_seeds,
                       key_recall.key_recall_registry, check_edits=False)

@@ -30,7 +30,13 @@ tasks are unseen seeds (>= `HELDOUT_SEED_START`).
 2..n arrive later, as a line "key #Z" in logs spread over the run (`late_key_logs`), and the answer
 is every key in order of arrival ("#Q #Z #B"). Facts arrive at different times, so with a trigger
 that fires every few logs an episode needs >= 2 summaries before the answer, and a later summary
-must carry forward what an earlier one held (configs/selfsum_relay.py).
+must carry forward what an earlier one held (configs/selfsum_relay.py). With one shared alphabet,
+writing them in order is an ordered-list merge (the earliest key not yet written, from an earlier
+summary or an observation): in the tiny model the middle slot of a 3-key summary stayed at 0.00
+after 800 stage-1 steps while the first and last formed (docs/PERF.md, 2026-12-05).
+`slot_alphabets=True` draws key i from the i-th disjoint slice of the alphabet, so each slot is the
+same one-head content lookup as the single key; the summary must still carry every earlier key
+(whose observation has left the context), which is what the family tests.
 
 This module is data and rules only (tasks, the env's tool, the patterns a summary or log line
 follows); the demonstrator that acts in the agent loop (`horizon.env.demos.KeyRecallDemoPolicy`)
@@ -111,10 +117,19 @@ def late_key_logs(n_logs: int, n_keys: int) -> list[int]:
     return [round(i * n_logs / (n_keys - 1)) for i in range(1, n_keys)] if n_keys > 1 else []
 
 
+def slot_alphabet(key_alphabet: str, n_keys: int, i: int) -> str:
+    """The i-th (0-based) of `n_keys` contiguous, disjoint slices of `key_alphabet` (`slot_alphabets`)."""
+    k, r = divmod(len(key_alphabet), n_keys)
+    lo = i * k + min(i, r)
+    return key_alphabet[lo:lo + k + (i < r)]
+
+
 def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_decoys: int = 2,
-                         key_alphabet: str = KEY_ALPHABET, n_keys: int = 1) -> Task:
+                         key_alphabet: str = KEY_ALPHABET, n_keys: int = 1, slot_alphabets: bool = False) -> Task:
     """The deterministic key-recall task for `seed` (module docstring); `n_keys` > 1: keys 2..n
-    in the logs of `late_key_logs`, the answer every key in order."""
+    in the logs of `late_key_logs`, the answer every key in order. `slot_alphabets`: key i is a
+    letter of the i-th disjoint slice of `key_alphabet` (`slot_alphabet`), so which slot a letter
+    fills is in the letter itself (module docstring, "Several keys"); no decoys with it."""
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if not 1 <= n_logs <= 9 or log_lines < 1 or not 0 <= n_decoys <= n_logs or not 1 <= n_keys <= n_logs + 1:
@@ -123,13 +138,23 @@ def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_de
     if len(key_alphabet) < n_keys + n_decoys:
         raise ValueError(f"key_alphabet {key_alphabet!r} has no room for {n_keys} keys and {n_decoys} decoys")
     _check_alphabet(key_alphabet, n_decoys)
+    if slot_alphabets and (n_keys < 2 or n_decoys):
+        raise ValueError(f"slot_alphabets needs n_keys >= 2 and no decoys, got n_keys={n_keys}, n_decoys={n_decoys}")
     rng = random.Random(f"key-recall-{seed}")
+    if slot_alphabets:
+        keys = [rng.choice(slot_alphabet(key_alphabet, n_keys, i)) for i in range(n_keys)]
+        return _task(seed, rng, n_logs, log_lines, keys, [], {})
     key = rng.choice(key_alphabet)
     decoys = rng.sample([k for k in key_alphabet if k != key], n_decoys)
     decoy_at = dict(zip(rng.sample(range(1, n_logs + 1), n_decoys), decoys))
     late = rng.sample([k for k in key_alphabet if k != key and k not in decoys], n_keys - 1) if n_keys > 1 else []
-    late_at = dict(zip(late_key_logs(n_logs, n_keys), late))
-    keys = [key] + late
+    return _task(seed, rng, n_logs, log_lines, [key] + late, decoys, decoy_at)
+
+
+def _task(seed: int, rng: random.Random, n_logs: int, log_lines: int, keys: list[str], decoys: list[str],
+          decoy_at: dict) -> Task:
+    n_keys, key = len(keys), keys[0]
+    late_at = dict(zip(late_key_logs(n_logs, n_keys), keys[1:]))
     files = {KEY_FILE: f"key {KEY_MARK}{key}\n"}
     files.update({f"{i}.log": _log(rng, log_lines, decoy_at.get(i), late_at.get(i)) for i in range(1, n_logs + 1)})
     solution = tuple({"name": "read", "args": {"path": p}} for p in [KEY_FILE] + [f"{i}.log"

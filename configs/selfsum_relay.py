@@ -28,8 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
         a_short=dict(task=dict(n_logs=2, log_lines=1), agent=dict(trigger_tokens=100)),   # 3 keys: same slots
         b_full=dict(),
     ))
-    e.sft.clean_key_weight = 10.0     # key_relay's copy after SFT (seed 0): 0.66 at 10, 0.52 at key_recall's 30
-    #                                   (docs/PERF.md, 2026-12-05); neither solves the family yet
+    e.sft.clean_key_weight = 10.0     # key_relay's copy after SFT (seed 0, one alphabet): 0.66 at 10, 0.52 at
+    #                                   key_recall's 30; with slot_alphabets 0.85 at 10, 12 of 32 held-out solved
+    #                                   (docs/PERF.md, 2026-12-05)
     c.agent.max_turns = 16            # 9 reads + the answer, and room for malformed turns
     c.agent.max_total_tokens = 1536   # 2 x the key_recall budget: five more reads; prompt compaction summarizes after
     #                                   nearly every log (its ~130-token summary leaves the context near the trigger)

@@ -180,7 +180,8 @@ def test_driver_config_quick_and_validation():
     base = [f"--config={ROOT / 'configs' / 'selfsum_tiny.py'}", "--config.exp.backend=local",
             "--config.exp.demo_backend=local"]
     c = mod.load_config(base + ["--config.exp.quick=True"])
-    assert tuple(c.exp.seeds) == (0,) and int(c.rl.optim.steps) == int(c.exp.steps) == 4
+    assert tuple(c.exp.seeds) == (0,) and int(c.rl.optim.steps) == int(c.exp.steps) == 2
+    assert int(c.rl.optim.warmup_steps) == 1                  # quick's other section (rl), merged too
     assert len(c.exp.strategies) == 5 and "clean_strategies" not in c.exp.sft
     assert c.exp.sft.clean_key_weight == 30.0 and c.exp.sft.clean_steps == 800   # quick's stage 1 (docs/PERF.md)
     for bad in ("--config.exp.seeds=(1,1)", "--config.exp.strategies=('prompt_compaction',)",

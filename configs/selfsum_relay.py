@@ -6,7 +6,7 @@ With the same trigger (200 BPE tokens) and the context notes, a self-summary dem
 and two logs, summarizes (key 1), reads three more (key 2 in 4.log), summarizes again (keys 1 and 2:
 the second summary must carry forward what the first held), reads the last three (key 3 in 8.log),
 summarizes a third time (all three) and answers: three summaries, four segments, on each of 32
-train chains (tests/tasks/test_key_relay.py pins >= 2 for every strategy's demonstrator).
+train chains (tests/tasks/test_key_relay.py pins >= 2 for each summarizing strategy's demonstrator).
 """
 
 import ml_collections
@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     # `context_full`, segments of 599 tokens > the 512-token SFT rows; docs/PERF.md). It has no correct
     # demonstration to train on; tests/tasks/test_key_relay.py pins that it cannot solve the family.
     e.strategies = ("self_summary", "prompt_compaction", "summarizing_condenser", "sliding_window")
-    # the stage-1 curriculum's short chains: 2 keys over 2 logs, one summary (the copy forms there first)
+    # the stage-1 curriculum's short chains: the 3 keys over 2 logs, two summaries (the copy forms there first)
     e.sft.clean_mix = ml_collections.ConfigDict(dict(
         a_short=dict(task=dict(n_logs=2, log_lines=1), agent=dict(trigger_tokens=100)),   # 3 keys: same slots
         b_full=dict(),

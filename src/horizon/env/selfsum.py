@@ -139,10 +139,13 @@ def _logits(params, tokens, *, cfg):
     return transformer.forward(params, tokens, cfg=cfg)[0]
 
 
+MEMORY_TAGS = {"summary": ("<summary>", "</summary>"), "note": ("<think>", "</think>")}   # kind -> (open, close)
+
+
 def memory_kind(before: str) -> str:
     """Where a generated position sits, from the chain text `before` it: inside a ``<summary>``
     ("summary"), inside a ``<think>`` note ("note": observation masking's memory), else "final"."""
-    for kind, (o, c) in (("summary", ("<summary>", "</summary>")), ("note", ("<think>", "</think>"))):
+    for kind, (o, c) in MEMORY_TAGS.items():
         if before.rfind(o) > before.rfind(c):
             return kind
     return "final"
@@ -209,8 +212,8 @@ def memory_slot(before: str, after: str) -> tuple[int, int]:
     """(keys in the memory, this key's 1-based slot) of the key letter that ends `before` and
     starts `after`, inside a summary or note: on key_relay, slot 1 of a 2-key summary is the key
     carried from the previous summary, slot 2 the one read since (where a copy is lost, issue 25)."""
-    o = max(before.rfind("<summary>"), before.rfind("<think>"))
-    close = [x for x in (after.find("</summary>"), after.find("</think>")) if x >= 0]
+    o = max(before.rfind(op) for op, _ in MEMORY_TAGS.values())
+    close = [x for x in (after.find(cl) for _, cl in MEMORY_TAGS.values()) if x >= 0]
     body = before[o:] + after[:min(close) if close else len(after)]
     slot = len(key_recall.KEY_RE.findall(before[o:] + after[:1]))
     return len(key_recall.KEY_RE.findall(body)), slot

@@ -35,7 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
     ))
     # stage 1 on the 4-strategy mix: each strategy gets a quarter of the tokens, and after the tiny config's 1200
     # steps key in memory was 0.13-0.15 for every summarizer (the 1/8 guess). With 2400 every summarizer's was
-    # >= 0.99 at step 2400 in both seeds tried (seed 0 by step 1600; seed 1 0.80 at 2000): docs/PERF.md, 2026-12-05
+    # >= 0.99 at step 2400 in seeds 0 and 1 (seed 0 by step 1600; seed 1 0.80 at 2000), 0.52-0.67 in seed 2 (its
+    # first key's slot, carried through every summary, still forming): docs/PERF.md, 2026-12-05
     e.sft.clean_steps = 2400
     e.sft.probe_every = 400           # the copy probe (~10 s) every 400 steps of both stages
     e.sft.clean_key_weight = 10.0     # key_relay's copy after SFT (seed 0, one alphabet): 0.66 at 10, 0.52 at

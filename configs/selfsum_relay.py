@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
     # >= 0.99 at step 2400 in seeds 0 and 1 (seed 0 by step 1600; seed 1 0.80 at 2000), 0.52-0.67 in seed 2 (its
     # first key's slot, carried through every summary, still forming): docs/PERF.md, 2026-12-05
     e.sft.clean_steps = 2400
-    e.sft.probe_every = 400           # the copy probe (~10 s) every 400 steps of both stages
+    e.sft.probe_every = 400           # the copy probe every 400 steps of both stages (~13 s each, seed 2's log)
     e.sft.clean_key_weight = 10.0     # key_relay's copy after SFT (seed 0, one alphabet): 0.66 at 10, 0.52 at
     #                                   key_recall's 30; with slot_alphabets 0.85 at 10, 12 of 32 held-out solved
     #                                   (docs/PERF.md, 2026-12-05)

@@ -3,13 +3,14 @@
 Three workloads, each timed after a warm-up pass of the same shapes (XLA compiles excluded), fresh
 random prompts per timed repetition (so the engine cannot reuse the previous repetition's cache):
 
-1. **raw** (configs/tiny.py, `--batch` prompts of 32-96 random tokens, no two sharing a first token,
-   exactly `--new` sampled
-   tokens each, no stop ids): generated tokens/s of `sampler.generate` as `make run` configures it
+1. **raw** (configs/tiny.py, `--batch` prompts of 32-96 random tokens, no two sharing a first token nor
+   one with the previous repetition's, exactly `--new` sampled tokens each, no stop ids): generated
+   tokens/s of `sampler.generate` as `make run` configures it
    (configs/rl_tiny.py's `rl.sampler`: buckets 32 / 128 / 128, 16 steps per sync), of the same with a
    host sync after every token (what `generate` did when issue 24 was filed: its multi-token device
    loop came with issue 20), of `generate` with the tightest buckets, of the engine (`engine.Engine`,
-   `rl.sampler.engine_*`) and of Hugging Face `generate` with the same weights (`--skip-hf` leaves it
+   `rl.sampler.engine_*`), of `--replicas` data-parallel engine replicas (`engine.EngineReplicas`, one
+   per CPU device: the process is given that many) and of Hugging Face `generate` with the same weights (`--skip-hf` leaves it
    out; `benchmarks/sampling.py`'s export). The same per-sequence keys: horizon's samples must be
    identical (printed). `--baseline-tree DIR` adds another checkout's `generate` on the same prompts
    (`benchmarks/generate_at_tree.py`): the path issue 24 replaced, for its ">= 3x" goal.
@@ -67,13 +68,18 @@ def config():
     return c
 
 
-def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256, distinct_first=False):
-    """`n` random prompts of `lo`..`hi` tokens; with `distinct_first` (n <= vocab) no two share a first
-    token, so no prompt is a prefix-cache hit for another (the raw workload: each repetition then runs
-    the shapes the warm-up compiled, and neither path reuses a cache)."""
+def prompts(rng, n, lo=PROMPT_LEN[0], hi=PROMPT_LEN[1], vocab=256, first_block=None):
+    """`n` random prompts of `lo`..`hi` tokens; with `first_block` b (n <= vocab / 4) their first tokens
+    are distinct ids from block b mod 4 of the vocabulary, so no prompt is a prefix-cache hit for another
+    nor for what the previous call (block b - 1) left in the engine's slots (the raw workload: each
+    repetition then runs the shapes the warm-up compiled, and neither path reuses a cache; a 1-token
+    same-slot hit had shifted a row's chunks into a prefill shape no warm-up compiled)."""
     out = [rng.integers(0, vocab, size=int(k)).astype(np.int32) for k in rng.integers(lo, hi + 1, size=n)]
-    if distinct_first:
-        for p, first in zip(out, rng.permutation(vocab)[:n]):
+    if first_block is not None:
+        w = vocab // 4
+        if n > w:
+            raise ValueError(f"first_block: at most {w} prompts (a quarter of the {vocab}-token vocabulary), got {n}")
+        for p, first in zip(out, (first_block % 4) * w + rng.permutation(w)[:n]):
             p[0] = first
     return out
 
@@ -99,14 +105,17 @@ def raw(c, params, args):
     kw = sampler.sampler_kwargs_from_config(c)
     tight = dict(kw, min_batch_bucket=1, min_prompt_bucket=16, min_new_bucket=16, sync_tokens=args.new)
     n = args.batch
-    mk = lambda r: prompts(np.random.default_rng(r), n, distinct_first=True)   # noqa: E731
+    mk = lambda r: prompts(np.random.default_rng(r), n, first_block=r)   # noqa: E731
     gen = lambda kwargs: lambda p: sampler.generate(params, p, jax.random.key(1), cfg=c, max_new_tokens=args.new,  # noqa: E731
                                                     stop_tokens=(), **kwargs)
     eng = E.Engine(c, params=params, stop_tokens=())
+    reps = E.make_engine(c, params=params, stop_tokens=(), replicas=args.replicas) if args.replicas > 1 else None
     ks = request_keys(jax.random.key(1), n)            # the same keys every repetition (as `generate` derives them)
 
-    def run_engine(p):
-        return E.generate_requests(eng, [E.Request(x, ks[i], args.new) for i, x in enumerate(p)])
+    def run_engine(p, engine=eng):
+        return E.generate_requests(engine, [E.Request(x, ks[i], args.new) for i, x in enumerate(p)])
+
+    run_reps = (lambda p: run_engine(p, reps)) if reps is not None else None   # noqa: E731
 
     ntok = n * args.new
     print(f"\n[raw] configs/tiny.py ({c.model.num_layers} layers, {c.model.num_experts} experts top-"
@@ -114,21 +123,27 @@ def raw(c, params, args):
           f"sampled tokens (temperature 1, no stop ids)")
     res = {}
     buckets = f"buckets {kw['min_batch_bucket']}/{kw['min_prompt_bucket']}/{kw['min_new_bucket']}, sync {kw['sync_tokens']}"
-    for name, fn in ((f"generate, make run's rl.sampler ({buckets})", gen(kw)),
-                     ("generate, host sync every token (the path issue 24 started from)", gen(dict(kw, sync_tokens=1))),
-                     (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
-                     (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})",
-                      run_engine)):
+    rows = [(f"generate, make run's rl.sampler ({buckets})", gen(kw)),
+            ("generate, host sync every token (the path issue 24 started from)", gen(dict(kw, sync_tokens=1))),
+            (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
+            (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})", run_engine)]
+    if reps is not None:
+        rows.append((f"engine, {args.replicas} replicas ({eng.ec.slots // args.replicas} slots each, one per CPU device)",
+                     run_reps))
+    for name, fn in rows:
         med, ts, out = timed(fn, mk, args.warmup, args.reps)
         res[name] = (med, out)
         print(f"  {name:70s}: {ntok / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
-    (old_med, old_out), (sync1_med, sync1_out), (_, tight_out), (eng_med, eng_out) = res.values()
+    (old_med, old_out), (sync1_med, sync1_out), (_, tight_out), (eng_med, eng_out), *rest = res.values()
     same = all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, eng_out)) and all(
         np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(old_out.tokens, tight_out.tokens, sync1_out.tokens))
+    if rest:
+        same = same and all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, rest[0][1]))
+        print(f"  engine, {args.replicas} replicas / make-run generate: {old_med / rest[0][0]:.2f}x")
     print(f"  engine / make-run generate: {old_med / eng_med:.2f}x; engine / per-token-sync generate: "
           f"{sync1_med / eng_med:.2f}x   (samples identical, same per-sequence keys: {same})")
     if args.baseline_tree:
-        tree_raw(args, mk, run_engine, ntok)
+        tree_raw(args, mk, run_engine, run_reps, ntok)
     if not args.skip_hf:
         hf_med = hf_raw(c, params, args, mk)
         print(f"  engine / HF generate: {hf_med / eng_med:.2f}x")
@@ -168,35 +183,42 @@ class TreeGenerate:
         self.tmp.cleanup()
 
 
-def tree_raw(args, mk, run_engine, ntok):
-    """The engine against another checkout's `generate` (`--baseline-tree`) on the same prompts, their
-    repetitions **interleaved** (engine, baseline, engine, ...) so slow drift of the machine's speed
-    (measured: the same engine run 70-120 ms minutes apart on this 2-core VM) hits both alike. Prints
-    both medians, their ratio and the median of the per-repetition ratios."""
+def tree_raw(args, mk, run_engine, run_reps, ntok):
+    """The engine (and its replicas, `run_reps`, unless None) against another checkout's `generate`
+    (`--baseline-tree`) on the same prompts, their repetitions **interleaved** (engine, replicas,
+    baseline, engine, ...) so slow drift of the machine's speed (measured: the same engine run 70-120 ms
+    minutes apart on this 2-core VM) hits all alike. Prints the medians, the ratios of medians and the
+    medians of the per-repetition ratios."""
     base = TreeGenerate(args.baseline_tree, args.new)
+    engines = [("engine", run_engine)] + ([(f"engine, {args.replicas} replicas", run_reps)] if run_reps else [])
     try:
         for w in range(args.warmup):
-            run_engine(mk(10_000 + w))
+            for _, fn in engines:
+                fn(mk(10_000 + w))
             base(mk(10_000 + w))
-        eng_t, base_t = [], []
+        eng_t, base_t = {name: [] for name, _ in engines}, []
         for r in range(args.reps):
-            p = mk(r)
+            for name, fn in engines:
+                p = mk(r)                     # fresh arrays, same prompts; each engine's previous call was block r - 1
+                time.sleep(SETTLE_S)
+                t0 = time.perf_counter()
+                fn(p)
+                eng_t[name].append(time.perf_counter() - t0)
             time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
-            run_engine(p)
-            eng_t.append(time.perf_counter() - t0)
-            time.sleep(SETTLE_S)
-            base_t.append(base(p))
+            base_t.append(base(mk(r)))
     finally:
         base.close()
-    em, bm = statistics.median(eng_t), statistics.median(base_t)
+    bm = statistics.median(base_t)
     name = f"generate at {args.baseline_tree} ({base.info['rev']}, its make-run rl.sampler)"
     print(f"  interleaved with it, {args.reps} repetitions each:")
-    print(f"    {'engine':68s}: {ntok / em:8.0f} tokens/s  (median {em * 1e3:.0f} ms; {fmt(eng_t)})")
+    for e, ts in eng_t.items():
+        print(f"    {e:68s}: {ntok / statistics.median(ts):8.0f} tokens/s  (median {statistics.median(ts) * 1e3:.0f} ms; "
+              f"{fmt(ts)})")
     print(f"    {name:68s}: {ntok / bm:8.0f} tokens/s  (median {bm * 1e3:.0f} ms; {fmt(base_t)})")
-    paired = statistics.median(b / e for b, e in zip(base_t, eng_t))
-    print(f"  engine / baseline-tree generate: {bm / em:.2f}x (median of per-repetition ratios {paired:.2f}x; "
-          f"issue 24's raw goal: >= 3x)")
+    for e, ts in eng_t.items():
+        paired = statistics.median(b / t for b, t in zip(base_t, ts))
+        print(f"  {e} / baseline-tree generate: {bm / statistics.median(ts):.2f}x (median of per-repetition ratios "
+              f"{paired:.2f}x; issue 24's raw goal: >= 3x)")
 
 
 def hf_raw(c, params, args, mk):
@@ -394,9 +416,15 @@ def main(argv=None):
     ap.add_argument("--skip-hf", action="store_true", help="no Hugging Face generate column in the raw workload")
     ap.add_argument("--baseline-tree", default="", help="raw workload: also time this checkout's generate (the old "
                     "path, e.g. `git worktree add /tmp/pre24 e23df6f^`; benchmarks/generate_at_tree.py)")
+    ap.add_argument("--replicas", type=int, default=2, help="raw workload: also time the engine with this many "
+                    "data-parallel replicas (rl.sampler.engine_replicas; the process gets as many CPU devices); 1: not")
     args = ap.parse_args(argv)
     if min(args.batch, args.new, args.stream, args.episodes, args.group, args.turns, args.reps, args.warmup) < 1:
         ap.error("sizes, --reps and --warmup must be >= 1 (the warm-up absorbs compilation)")
+    if args.replicas < 1 or args.batch % args.replicas:
+        ap.error("--replicas must be >= 1 and divide --batch (each replica gets batch / replicas slots)")
+    if args.replicas > 1 and "raw" in args.only:
+        jax.config.update("jax_num_cpu_devices", args.replicas)     # before JAX's CPU backend starts
     c = config()
     params = numpy_init(ml_collections.FrozenConfigDict(c.model), 0)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPU cores")

@@ -5,6 +5,7 @@ new tokens, one prefill per group, in-flight weight swaps, and the agent loop's 
 One engine shape throughout (4 slots x 512 positions, one attention window, 32-token prefill chunks)
 so the whole file compiles a handful of functions once."""
 
+import dataclasses
 import functools
 import pathlib
 
@@ -379,3 +380,65 @@ def test_eval_harness_drives_the_engine_stream_and_stamps_latency():
     st.release(0)
     assert 1 in clock.done_at and 0 not in clock.done_at and clock.gen_s >= 0 and st.inner.released == [0]
     assert not callable(getattr(_DoneClock(lambda c, n: [], eps), "stream", None))
+
+
+def test_replicas_serve_one_stream_like_one_engine(setup):
+    """`engine_replicas` = 2 (one `Engine` per device, 2 slots each; tests run on 8 CPU devices):
+    every request samples what `generate` samples for it alone; both devices serve; a group's
+    identical prompts go to one replica and prefill once; an episode's next turn goes to the replica
+    holding its cache and prefills only its new tokens; `stats` sums the replicas."""
+    mcfg, params, _ = setup
+    ec2 = dataclasses.replace(EC, replicas=2)
+    eng = E.make_engine(mcfg, engine=ec2, params=params, stop_tokens=())
+    assert isinstance(eng, E.EngineReplicas) and [e.ec.slots for e in eng.engines] == [2, 2]
+    assert len({e.device for e in eng.engines}) == 2
+    assert all(set(leaf.devices()) == {e.device} for e in eng.engines for leaf in jax.tree.leaves(e.cache))
+    prompts = _prompts(5, seed=6)
+    group = _prompts(1, 40, 41, seed=7)[0]
+    reqs = [E.Request(p, _seq_key(i), 9) for i, p in enumerate(prompts)]
+    reqs += [E.Request(group, _seq_key(5 + g), 9) for g in range(2)]
+    out = E.generate_requests(eng, reqs)
+    for i, c in enumerate(out):
+        ref = _generate_one(setup, reqs[i].context, i, 9)
+        np.testing.assert_array_equal(c.tokens, ref.tokens[0])
+        np.testing.assert_allclose(c.logprobs, ref.logprobs[0], rtol=0, atol=ATOL)
+        np.testing.assert_array_equal(c.router_indices, ref.router_indices[0])
+    assert all(e.stats["generated_tokens"] > 0 for e in eng.engines)
+    assert sorted(c.prefill_tokens for c in out[5:]) == [0, len(group)]
+    assert eng.stats["prefill_tokens"] == sum(len(p) for p in prompts) + len(group)
+    ctx1 = _prompts(1, 30, 31, seed=8)[0]
+    (c1,) = E.generate_requests(eng, [E.Request(ctx1, _seq_key(9), 6, owner="ep")])
+    ctx2 = np.concatenate([ctx1, c1.tokens, prompts[0][:7]])
+    for filler in range(3):                  # other traffic in between: the least-loaded rule alone could move it
+        E.generate_requests(eng, [E.Request(_prompts(1, 20, 21, seed=20 + filler)[0], _seq_key(20), 4)])
+    (c2,) = E.generate_requests(eng, [E.Request(ctx2, _seq_key(10), 6, owner="ep")])
+    assert c2.prefill_tokens == 7 and c2.reused_tokens == len(ctx1) + len(c1.tokens)
+    _check_against_forward(setup, ctx2, c2)
+    eng.release("ep")
+    assert all(s.owner != "ep" for e in eng.engines for s in e.slots)
+
+
+def test_replicas_policy_swaps_weights_and_bad_sizes_raise(setup):
+    """`EnginePolicy` builds the replicas from `engine_replicas` (both poll the holder: one version);
+    too many replicas for the devices, slots that do not divide, or a replica count on a lone `Engine`
+    are one-line errors before any compile."""
+    mcfg, params, _ = setup
+    holder = sampler.ParamsHolder(params)
+    policy = E.EnginePolicy(holder, mcfg, jax.random.key(0), engine=dataclasses.replace(EC, replicas=2), stop_tokens=())
+    assert isinstance(policy.engine, E.EngineReplicas)
+    prompts = _prompts(4, seed=9)
+    gens = policy(prompts, 6)
+    _, sub = jax.random.split(jax.random.key(0))
+    ref = sampler.generate(params, prompts, sub, cfg=mcfg, max_new_tokens=6, stop_tokens=(), **GEN)
+    for g, t in zip(gens, ref.tokens):
+        np.testing.assert_array_equal(g.tokens, t)
+    assert holder.update(jax.tree.map(lambda x: x * 1.5, params)) == 1
+    assert all((g.policy_version == 1).all() for g in policy(prompts, 6))
+    assert policy.state["switches"] == 1 == policy.engine.stats["switches"]
+    n = len(jax.local_devices())
+    with pytest.raises(ValueError, match=f"need {n + 1} local devices"):
+        E.make_engine(mcfg, engine=dataclasses.replace(EC, slots=2 * (n + 1), replicas=n + 1), params=params)
+    with pytest.raises(ValueError, match="multiple of engine replicas"):
+        E.make_engine(mcfg, engine=dataclasses.replace(EC, slots=3, replicas=2), params=params)
+    with pytest.raises(ValueError, match="one replica"):
+        E.Engine(mcfg, engine=dataclasses.replace(EC, replicas=2), params=params)

@@ -6,6 +6,7 @@ followers, an episode's cache swapped out and back in, later turns reusing their
 8 fake CPU devices (tests/conftest.py); the mesh is data 2 x fsdp 2 (4 batch ranks, FSDP-split weights),
 4 slots: one slot per batch rank."""
 
+import dataclasses
 import pathlib
 
 import jax
@@ -104,3 +105,23 @@ def test_mesh_slots_must_divide_over_the_batch_ranks(need8):
     c.rl.sampler.engine_slots = 6
     with pytest.raises(ConfigError, match=r"rl\.sampler\.engine_slots=6: .*4 data-parallel"):
         checks.validate_engine(c)
+
+
+def test_engine_replicas_config_is_checked_before_a_run(need8):
+    """`rl.sampler.engine_replicas`: slots must divide over the replicas, and replicas do not combine
+    with a multi-device mesh (the engine is sharded over it); both name the field (`validate_engine`),
+    and `EngineReplicas` refuses a mesh at construction."""
+    from horizon.rl import checks
+
+    c = load_config_file(ROOT / "configs" / "rl_tiny.py")
+    c.rl.sampler.engine_replicas = 2
+    checks.validate_engine(c)
+    c.rl.sampler.engine_slots = 7
+    with pytest.raises(ConfigError, match=r"rl\.sampler\.engine_slots=7: .*engine_replicas=2"):
+        checks.validate_engine(c)
+    c.rl.sampler.engine_slots = 8
+    c.mesh.update(dict(data=2))
+    with pytest.raises(ConfigError, match=r"rl\.sampler\.engine_replicas=2: must be 1 with a multi-device mesh"):
+        checks.validate_engine(c)
+    with pytest.raises(ValueError, match="do not combine"):
+        E.EngineReplicas(_cfg(data=2), params={}, engine=dataclasses.replace(EC, replicas=2))

@@ -104,7 +104,8 @@ ENGINE_COUNTS = ("engine_slots", "engine_prefill_chunk", "engine_min_prefill_chu
 
 def validate_engine(c) -> None:
     """`rl.sampler`'s `engine_*` fields (`horizon.rl.rollout.engine.engine_config`, SPEC §4; the rollout
-    engine is every caller's sampler): sizes >= 1, a slot count that divides over the data-parallel
+    engine is every caller's sampler): sizes >= 1, a slot count that divides over the engine replicas
+    (`engine_replicas`, 1 with a multi-device mesh) and over the data-parallel
     ranks of the config's mesh (a buildable one, `mesh.validate_mesh`; the slot cache is split over
     them, `engine.Engine`), a smallest prefill chunk
     within the largest, a refill count within the slots, a slot length (`engine_max_len`, 0 =
@@ -124,11 +125,16 @@ def validate_engine(c) -> None:
         need(wpo & (wpo - 1) == 0, f"{pre}.engine_window_per_octave", wpo, "must be a power of two (1, 2, 4, ...)")
     if "engine_min_reuse" in s:
         need_int(s, "engine_min_reuse", pre, lo=1)
+    replicas = need_int(s, "engine_replicas", pre, lo=1) if "engine_replicas" in s else 1
+    need(int(s.engine_slots) % replicas == 0, f"{pre}.engine_slots", s.engine_slots,
+         f"must be a multiple of {pre}.engine_replicas={replicas} (each replica holds slots / replicas)")
     if "mesh" in c:        # every caller validates the mesh this way too; first, so its error is the one shown
         pmesh.validate_mesh(c, power_of_two_ranks=True)
         nb = math.prod(pmesh.mesh_sizes(c.mesh)[a] for a in pmesh.BATCH_AXES)
         need(int(s.engine_slots) % nb == 0, f"{pre}.engine_slots", s.engine_slots,
              f"must be a multiple of the mesh's {nb} data-parallel ranks (data*fsdp*expert): the slot cache is split over them")
+        need(replicas == 1 or math.prod(pmesh.mesh_sizes(c.mesh).values()) == 1, f"{pre}.engine_replicas", replicas,
+             "must be 1 with a multi-device mesh (the engine runs sharded over it; replicas are one device each)")
     max_seq = int(c.model.max_seq_len)
     max_len = need_int(s, "engine_max_len", pre, lo=0, hi=max_seq) or max_seq
     need(int(s.engine_min_prefill_chunk) <= int(s.engine_prefill_chunk), f"{pre}.engine_min_prefill_chunk",

@@ -82,6 +82,17 @@ one-line ValueError): the slots are the cache budget, so the engine does not sil
 as `generate` rounds a batch bucket. Host-side per-slot state (tokens, owners, queue, store index)
 is the same as on one device, and so are the samples, up to reduction order (tests/rl/test_engine_mesh.py).
 
+Replicas. ``rl.sampler.engine_replicas`` = n > 1 (no multi-device mesh) makes `make_engine` build
+`EngineReplicas`: n independent engines, one per local device, each with ``slots / n`` slots, its own
+weights copy (placed at each polled version) and cache, behind the same interface. A round-trip steps
+every busy replica in its own host thread, so the devices run at once (the GIL is released while XLA
+runs; on CPU each virtual device (``jax_num_cpu_devices``) computes on its own core, where one device's
+small decode kernels leave the other core idle). Routing keeps reuse on one replica: an owner's requests
+follow its cache, a context identical to one routed recently follows it (a group's prompt is prefilled
+once), anything else goes to the least-loaded replica. Samples are those of one engine (per-sequence
+keys; logprobs up to reduction order). Data-parallel replicas are how vLLM / SGLang scale an engine
+over devices that each hold the model; a model too large for one device takes the mesh instead.
+
 `EnginePolicy` adapts it to the agent: ``policy(contexts, max_new)`` (the batched interface, samples
 equal `generate`'s with the same key; the toy env's groups, eval warm-up) and ``policy.stream()``,
 with which `horizon.agent.run_episodes` advances episodes independently (an episode's tool call runs
@@ -101,6 +112,7 @@ i.e. a function of the batch's first slot (`core.policy_key`) and the call count
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import threading
@@ -175,6 +187,7 @@ class EngineConfig:
     kv_mode: str = "keep"
     window_per_octave: int = 1  # attention-window buckets per doubling: 1 = powers of two, 2 adds the 1.5x midpoints
     min_reuse: int = 1         # shortest prefix copied from another slot or the swap store (shorter: prefilled)
+    replicas: int = 1          # data-parallel engine replicas, one per local device (`make_engine`); slots in all
 
 
 def engine_config(cfg, **overrides) -> EngineConfig:
@@ -193,7 +206,7 @@ def engine_config(cfg, **overrides) -> EngineConfig:
               park_tokens=slots * max_len if park < 0 else park, stop_slots=int(s.engine_stop_slots),
               refill_slots=int(s.engine_refill_slots), kv_mode=str(s.kv_mode),
               window_per_octave=int(s.get("engine_window_per_octave", 1)),
-              min_reuse=int(s.get("engine_min_reuse", 1)))
+              min_reuse=int(s.get("engine_min_reuse", 1)), replicas=int(s.get("engine_replicas", 1)))
     ec.update(overrides)
     return EngineConfig(**ec)
 
@@ -367,7 +380,18 @@ class _Job:
     ri: list = dataclasses.field(default_factory=list)
 
 
-class Engine:
+class _Serving:
+    """`run`, shared by `Engine` and `EngineReplicas` (each defines `busy` and `step`)."""
+
+    def run(self) -> list[Completion]:
+        """Step until idle; the completions in finishing order."""
+        out = []
+        while self.busy:
+            out += self.step()
+        return out
+
+
+class Engine(_Serving):
     """Continuous-batching generation over a fixed set of latent-cache slots (module docstring).
 
     `cfg` is the full config (model + `rl.sampler`) or a model config with `engine` an
@@ -382,11 +406,13 @@ class Engine:
 
     def __init__(self, cfg, *, params: dict | None = None, poll: Callable[[], tuple[dict, int]] | None = None,
                  version: int = 0, engine: EngineConfig | None = None, stop_tokens: Sequence[int] | None = None,
-                 **overrides):
+                 device: jax.Device | None = None, **overrides):
         if (params is None) == (poll is None):
             raise ValueError("pass exactly one of params or poll")
         ec = engine if engine is not None else engine_config(cfg)
         ec = dataclasses.replace(ec, **overrides) if overrides else ec
+        if ec.replicas != 1:
+            raise ValueError(f"an Engine is one replica; make_engine builds {ec.replicas} (rl.sampler.engine_replicas)")
         if ec.kv_mode not in KV_MODES:
             raise ValueError(f"kv_mode must be one of {KV_MODES}, got {ec.kv_mode!r}")
         for f in ("slots", "max_len", "prefill_chunk", "min_prefill_chunk", "sync_tokens", "min_window", "stop_slots",
@@ -398,6 +424,9 @@ class Engine:
                              f"got {ec.window_per_octave}")
         self.ec = ec
         self.mesh = pmesh.run_mesh(cfg)
+        if self.mesh is not None and device is not None:
+            raise ValueError("an Engine runs on a mesh or on one device, not both")
+        self.device = device
         if self.mesh is not None:
             nb = pmesh.axis_size(self.mesh, pmesh.BATCH_AXES)
             if ec.slots % nb:
@@ -473,13 +502,6 @@ class Engine:
         out, self.finished = self.finished, []
         return out
 
-    def run(self) -> list[Completion]:
-        """Step until idle; the completions in finishing order."""
-        out = []
-        while self.busy:
-            out += self.step()
-        return out
-
     def release(self, owner: Hashable) -> None:
         """Forget `owner`'s cache: its parked slot becomes free (its tokens stay a reusable prefix)."""
         for s in self.slots:
@@ -489,13 +511,19 @@ class Engine:
 
     # -- placement -------------------------------------------------------------------------------
     def _place(self, params: dict) -> dict:
-        """Weights in the mesh's layout (`sharded.place_params`; once per polled version), as is without one."""
-        return params if self.mesh is None else sharded.place_params(params, self.cfg, self.mesh)
+        """Weights in the mesh's layout (`sharded.place_params`; once per polled version), on the engine's
+        `device` (a replica, `make_engine`), else as they are."""
+        if self.mesh is not None:
+            return sharded.place_params(params, self.cfg, self.mesh)
+        return params if self.device is None else jax.device_put(params, self.device)
 
     def _init_cache(self) -> dict:
-        """The slot cache ``[L, slots, max_len, r]`` per leaf, allocated in place: on the default device, or
-        with a mesh split over its batch axes on the slot dim (`sharded.sampling_cache_shardings`)."""
+        """The slot cache ``[L, slots, max_len, r]`` per leaf, allocated in place: on the default device (or
+        the replica's `device`), or with a mesh split over its batch axes on the slot dim
+        (`sharded.sampling_cache_shardings`). The steps run where the cache and weights are committed."""
         make = functools.partial(transformer.init_cache, self.mcfg, self.ec.slots, self.ec.max_len)
+        if self.device is not None:
+            return jax.jit(make, out_shardings=jax.sharding.SingleDeviceSharding(self.device))()
         if self.mesh is None:
             return make()
         return jax.jit(make, out_shardings=sharded.sampling_cache_shardings(jax.eval_shape(make), self.mesh))()
@@ -714,7 +742,7 @@ class Engine:
         act = st["active"]
         window = min(self.ec.max_len, self._window_for(int(st["pos"][act].max()) + K))
         if self.mesh is None:
-            dev = {k: jnp.asarray(v) for k, v in st.items()}
+            dev = jax.device_put(dict(st), self.device)           # one transfer call for the whole state
         else:                                                     # per-slot state split like the slots
             dev = sharded.place_sampling_rows(dict(st), self.mesh)
         leave = min(self.ec.refill_slots, len(self.waiting))      # 0: nobody waits, run the chunk out
@@ -754,11 +782,114 @@ class Engine:
             prefill_tokens=seq.prefill, reused_tokens=seq.reused))
 
 
-def generate_requests(engine: Engine, requests: Sequence[Request]) -> list[Completion]:
+def generate_requests(engine: "Engine | EngineReplicas", requests: Sequence[Request]) -> list[Completion]:
     """Submit `requests`, run the engine until they finish; their completions in request order."""
     ids = [engine.submit(r) for r in requests]
     got = {c.request_id: c for c in engine.run()}
     return [got[i] for i in ids]
+
+
+# --------------------------------------------------------------------------------- replicas
+class EngineReplicas(_Serving):
+    """`n` data-parallel `Engine` replicas, one per local device, serving one request stream (as
+    vLLM's data-parallel engines do): ``rl.sampler.engine_replicas`` (module docstring, "Replicas").
+
+    Same interface as `Engine` (`submit`, `step`, `run`, `busy`, `release`, `stats`, `ec`). Each
+    replica owns ``slots / n`` slots, its weights and its cache on its device; `step` runs every busy
+    replica's round-trip in its own host thread, so the devices compute at once (on CPU, each device
+    runs its kernels on its own core: docs/PERF.md). Routing keeps what reuse needs on one replica:
+    an owner's requests go where its cache is (per-episode caches across turns), a context identical
+    to one routed earlier goes with it (a group prefills its prompt once), anything else to the
+    replica with the fewest requests (ties: the lowest index). Samples do not depend on the routing
+    (per-sequence keys); `stats` sums the replicas' counters (``switches``: the most any made)."""
+
+    def __init__(self, cfg, *, params: dict | None = None, poll: Callable[[], tuple[dict, int]] | None = None,
+                 version: int = 0, engine: EngineConfig | None = None, stop_tokens: Sequence[int] | None = None,
+                 **overrides):
+        ec = engine if engine is not None else engine_config(cfg)
+        ec = dataclasses.replace(ec, **overrides) if overrides else ec
+        n, devices = ec.replicas, jax.local_devices()
+        if n < 2:
+            raise ValueError(f"EngineReplicas needs engine replicas >= 2, got {n} (make_engine builds one Engine)")
+        if n > len(devices):
+            raise ValueError(f"engine replicas={n} need {n} local devices, this process has {len(devices)} (on CPU: "
+                             f"jax.config.update('jax_num_cpu_devices', {n}) before JAX starts)")
+        if ec.slots % n:
+            raise ValueError(f"engine slots={ec.slots} must be a multiple of engine replicas={n}")
+        if pmesh.run_mesh(cfg) is not None:
+            raise ValueError("engine replicas > 1 and a multi-device mesh do not combine: use one or the other")
+        self.ec = ec
+        one = dataclasses.replace(ec, replicas=1, slots=ec.slots // n)
+        self.engines = [Engine(cfg, params=params, poll=poll, version=version, engine=one, stop_tokens=stop_tokens,
+                               device=d) for d in devices[:n]]
+        self.stop_tokens = self.engines[0].stop_tokens
+        self._pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="engine-replica")
+        self._rid: dict[tuple[int, int], int] = {}            # (replica, its id there) -> request id
+        self._owner: dict[Hashable, int] = {}                 # owner -> replica holding its cache
+        self._ctx: collections.OrderedDict = collections.OrderedDict()   # recent context bytes -> replica
+        self._load = [0] * n                                  # requests submitted and not finished
+        self._next_rid = 0
+
+    @property
+    def busy(self) -> bool:
+        return any(e.busy for e in self.engines)
+
+    @property
+    def stats(self) -> collections.Counter:
+        out = sum((e.stats for e in self.engines), collections.Counter())
+        out["switches"] = max(e.stats["switches"] for e in self.engines)
+        return out
+
+    def _route(self, req: Request, ctx: bytes) -> int:
+        if req.owner is not None and req.owner in self._owner:
+            return self._owner[req.owner]
+        if ctx in self._ctx:
+            return self._ctx[ctx]
+        return min(range(len(self.engines)), key=lambda r: (self._load[r], r))
+
+    def submit(self, req: Request) -> int:
+        """Queue `req` on its replica (validated there, now); returns its request id."""
+        ctx = np.asarray(req.context, np.int32).reshape(-1).tobytes()
+        r = self._route(req, ctx)
+        local = self.engines[r].submit(req)
+        if req.owner is not None:
+            self._owner[req.owner] = r
+        self._ctx[ctx] = r
+        self._ctx.move_to_end(ctx)
+        while len(self._ctx) > self.ec.slots:
+            self._ctx.popitem(last=False)
+        rid = self._next_rid
+        self._next_rid += 1
+        self._rid[(r, local)] = rid
+        self._load[r] += 1
+        return rid
+
+    def step(self) -> list[Completion]:
+        """One round-trip of every busy replica, concurrently; the requests that finished."""
+        busy = [r for r, e in enumerate(self.engines) if e.busy]
+        futs = {r: self._pool.submit(self.engines[r].step) for r in busy}
+        out = []
+        for r in busy:
+            for c in futs[r].result():
+                rid = self._rid.pop((r, c.request_id))
+                self._load[r] -= 1
+                out.append(dataclasses.replace(c, request_id=rid))
+        return out
+
+    def release(self, owner: Hashable) -> None:
+        """Forget `owner`'s cache on its replica."""
+        r = self._owner.pop(owner, None)
+        if r is not None:
+            self.engines[r].release(owner)
+
+
+def make_engine(cfg, *, engine: EngineConfig | None = None, **kwargs) -> "Engine | EngineReplicas":
+    """The rollout engine `cfg` asks for: one `Engine`, or `EngineReplicas` when ``engine_replicas`` > 1
+    (`engine` / keyword overrides as `Engine` takes them)."""
+    ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    ec = engine if engine is not None else engine_config(cfg)
+    ec = dataclasses.replace(ec, **{k: kwargs.pop(k) for k in list(kwargs) if k in ec_fields})
+    return (Engine if ec.replicas == 1 else EngineReplicas)(cfg, engine=ec, **kwargs)
 
 
 # ------------------------------------------------------------------------------ agent adapter
@@ -828,7 +959,7 @@ class EnginePolicy:
         if kv_mode is not None:
             eng["kv_mode"] = kv_mode
         poll = params_ref.get if isinstance(params_ref, sampler.ParamsHolder) else params_ref
-        self.engine = Engine(cfg, poll=poll, engine=engine, stop_tokens=skw.get("stop_tokens"), **eng)
+        self.engine = make_engine(cfg, poll=poll, engine=engine, stop_tokens=skw.get("stop_tokens"), **eng)
         self.params_ref = params_ref
         self._lock = threading.Lock()
         self._sessions = 0

@@ -22,7 +22,8 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
    of `--new` generated tokens + a `--obs`-token observation each, then a rewrite (the context
    replaced by prompt + a 32-token summary, as self-summarization does) and one more turn): rollout
    wall time and prefill tokens computed; the old path prefills every turn's whole context, the
-   engine only what no cache holds (per-episode caches across turns, one prefill per group prompt).
+   engine only what no cache holds (per-episode caches across turns, one prefill per group prompt),
+   also with `--replicas` (whose routing must keep that reuse: the same prefill tokens).
 4. **agent** (`--episodes` key-recall episodes of configs/selfsum_tiny.py through `run_episodes`, local
    or `--backend docker` sandboxes, per `--strategies`): a lockstep `generate` policy vs the engine's
    independent path; untrained weights, so turns are malformed calls (see `agent`).
@@ -304,31 +305,36 @@ def multi_turn(c, params, args):
                 ctx = [contexts_after(ctx[i], g.tokens[i], obs[i][t], t, base[i], summ[i]) for i in range(n)]
         return pre
 
-    eng = E.Engine(c, params=params, stop_tokens=())
+    def new(eng):
+        def run(data):
+            base, obs, summ = data
+            ctx = list(base)
+            before = eng.stats["prefill_tokens"]
+            for t in range(T + 1):
+                keys = request_keys(jax.random.key(t), n)
+                out = E.generate_requests(eng, [E.Request(x, keys[i], args.new, owner=i) for i, x in enumerate(ctx)])
+                if t < T:
+                    ctx = [contexts_after(ctx[i], out[i].tokens, obs[i][t], t, base[i], summ[i]) for i in range(n)]
+            for i in range(n):
+                eng.release(i)
+            return eng.stats["prefill_tokens"] - before
+        return run
 
-    def new(data):
-        base, obs, summ = data
-        ctx = list(base)
-        before = eng.stats["prefill_tokens"]
-        for t in range(T + 1):
-            keys = request_keys(jax.random.key(t), n)
-            out = E.generate_requests(eng, [E.Request(x, keys[i], args.new, owner=i) for i, x in enumerate(ctx)])
-            if t < T:
-                ctx = [contexts_after(ctx[i], out[i].tokens, obs[i][t], t, base[i], summ[i]) for i in range(n)]
-        for i in range(n):
-            eng.release(i)
-        return eng.stats["prefill_tokens"] - before
+    engines = [("engine (cache across turns + groups)", E.Engine(c, params=params, stop_tokens=()))]
+    if args.replicas > 1:      # routing by owner and by identical context must keep the reuse: same prefill tokens
+        engines.append((f"engine, {args.replicas} replicas", E.make_engine(c, params=params, stop_tokens=(),
+                                                                            replicas=args.replicas)))
 
     print(f"\n[multi-turn] {n} episodes (groups of {G} share a prompt of 64-128 tokens), {T} turns of {args.new} tokens "
           f"+ {args.obs}-token observations, a rewrite to prompt + {SUMMARY_LEN}-token summary, one more turn")
     o_med, o_ts, o_pre = timed(old, episodes, args.warmup, args.reps)
-    e_med, e_ts, e_pre = timed(new, episodes, args.warmup, args.reps)
     gen = n * (T + 1) * args.new
     print(f"  {'lockstep generate (make run rl.sampler)':40s}: wall {o_med:6.2f} s  prefill {o_pre:7d} tokens  "
           f"generated {gen}  ({fmt(o_ts)})")
-    print(f"  {'engine (cache across turns + groups)':40s}: wall {e_med:6.2f} s  prefill {e_pre:7d} tokens  "
-          f"generated {gen}  ({fmt(e_ts)})")
-    print(f"  engine / lockstep: wall {o_med / e_med:.2f}x lower, prefill {o_pre / max(e_pre, 1):.2f}x fewer tokens")
+    for name, eng in engines:
+        e_med, e_ts, e_pre = timed(new(eng), episodes, args.warmup, args.reps)
+        print(f"  {name:40s}: wall {e_med:6.2f} s  prefill {e_pre:7d} tokens  generated {gen}  ({fmt(e_ts)})")
+        print(f"  {name} / lockstep: wall {o_med / e_med:.2f}x lower, prefill {o_pre / max(e_pre, 1):.2f}x fewer tokens")
 
 
 def agent(c0, params, args):
@@ -416,14 +422,14 @@ def main(argv=None):
     ap.add_argument("--skip-hf", action="store_true", help="no Hugging Face generate column in the raw workload")
     ap.add_argument("--baseline-tree", default="", help="raw workload: also time this checkout's generate (the old "
                     "path, e.g. `git worktree add /tmp/pre24 e23df6f^`; benchmarks/generate_at_tree.py)")
-    ap.add_argument("--replicas", type=int, default=2, help="raw workload: also time the engine with this many "
+    ap.add_argument("--replicas", type=int, default=2, help="raw / multi-turn: also time the engine with this many "
                     "data-parallel replicas (rl.sampler.engine_replicas; the process gets as many CPU devices); 1: not")
     args = ap.parse_args(argv)
     if min(args.batch, args.new, args.stream, args.episodes, args.group, args.turns, args.reps, args.warmup) < 1:
         ap.error("sizes, --reps and --warmup must be >= 1 (the warm-up absorbs compilation)")
     if args.replicas < 1 or args.batch % args.replicas:
         ap.error("--replicas must be >= 1 and divide --batch (each replica gets batch / replicas slots)")
-    if args.replicas > 1 and "raw" in args.only:
+    if args.replicas > 1 and {"raw", "multi_turn"} & set(args.only):
         jax.config.update("jax_num_cpu_devices", args.replicas)     # before JAX's CPU backend starts
     c = config()
     params = numpy_init(ml_collections.FrozenConfigDict(c.model), 0)

@@ -813,7 +813,8 @@ class EngineReplicas(_Serving):
             raise ValueError(f"EngineReplicas needs engine replicas >= 2, got {n} (make_engine builds one Engine)")
         if n > len(devices):
             raise ValueError(f"engine replicas={n} need {n} local devices, this process has {len(devices)} (on CPU: "
-                             f"jax.config.update('jax_num_cpu_devices', {n}) before JAX starts)")
+                             f"jax.config.update('jax_num_cpu_devices', {n}) before JAX starts, or "
+                             f"XLA_FLAGS=--xla_force_host_platform_device_count={n})")
         if ec.slots % n:
             raise ValueError(f"engine slots={ec.slots} must be a multiple of engine replicas={n}")
         if pmesh.run_mesh(cfg) is not None:

@@ -211,6 +211,11 @@ def engine_config(cfg, **overrides) -> EngineConfig:
     return EngineConfig(**ec)
 
 
+def _sizes(cfg, engine: EngineConfig | None, overrides: dict) -> EngineConfig:
+    """`engine` (default: `engine_config(cfg)`) with `overrides` replaced: what every engine kind runs with."""
+    return dataclasses.replace(engine, **overrides) if engine is not None else engine_config(cfg, **overrides)
+
+
 # ------------------------------------------------------------------------------ device functions
 def _window(cache: dict, window: int) -> dict:
     return jax.tree.map(lambda a: a[:, :, :window], cache)
@@ -409,8 +414,7 @@ class Engine(_Serving):
                  device: jax.Device | None = None, **overrides):
         if (params is None) == (poll is None):
             raise ValueError("pass exactly one of params or poll")
-        ec = engine if engine is not None else engine_config(cfg)
-        ec = dataclasses.replace(ec, **overrides) if overrides else ec
+        ec = _sizes(cfg, engine, overrides)
         if ec.replicas != 1:
             raise ValueError(f"an Engine is one replica; make_engine builds {ec.replicas} (rl.sampler.engine_replicas)")
         if ec.kv_mode not in KV_MODES:
@@ -806,8 +810,7 @@ class EngineReplicas(_Serving):
     def __init__(self, cfg, *, params: dict | None = None, poll: Callable[[], tuple[dict, int]] | None = None,
                  version: int = 0, engine: EngineConfig | None = None, stop_tokens: Sequence[int] | None = None,
                  **overrides):
-        ec = engine if engine is not None else engine_config(cfg)
-        ec = dataclasses.replace(ec, **overrides) if overrides else ec
+        ec = _sizes(cfg, engine, overrides)
         n, devices = ec.replicas, jax.local_devices()
         if n < 2:
             raise ValueError(f"EngineReplicas needs engine replicas >= 2, got {n} (make_engine builds one Engine)")
@@ -828,7 +831,6 @@ class EngineReplicas(_Serving):
         self._rid: dict[tuple[int, int], int] = {}            # (replica, its id there) -> request id
         self._owner: dict[Hashable, int] = {}                 # owner -> replica holding its cache
         self._ctx: collections.OrderedDict = collections.OrderedDict()   # recent context bytes -> replica
-        self._load = [0] * n                                  # requests submitted and not finished
         self._next_rid = 0
 
     @property
@@ -846,7 +848,8 @@ class EngineReplicas(_Serving):
             return self._owner[req.owner]
         if ctx in self._ctx:
             return self._ctx[ctx]
-        return min(range(len(self.engines)), key=lambda r: (self._load[r], r))
+        load = collections.Counter(r for r, _ in self._rid)      # requests submitted and not finished
+        return min(range(len(self.engines)), key=lambda r: (load[r], r))
 
     def submit(self, req: Request) -> int:
         """Queue `req` on its replica (validated there, now); returns its request id."""
@@ -862,7 +865,6 @@ class EngineReplicas(_Serving):
         rid = self._next_rid
         self._next_rid += 1
         self._rid[(r, local)] = rid
-        self._load[r] += 1
         return rid
 
     def step(self) -> list[Completion]:
@@ -873,7 +875,6 @@ class EngineReplicas(_Serving):
         for r in busy:
             for c in futs[r].result():
                 rid = self._rid.pop((r, c.request_id))
-                self._load[r] -= 1
                 out.append(dataclasses.replace(c, request_id=rid))
         return out
 
@@ -888,8 +889,7 @@ def make_engine(cfg, *, engine: EngineConfig | None = None, **kwargs) -> "Engine
     """The rollout engine `cfg` asks for: one `Engine`, or `EngineReplicas` when ``engine_replicas`` > 1
     (`engine` / keyword overrides as `Engine` takes them)."""
     ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    ec = engine if engine is not None else engine_config(cfg)
-    ec = dataclasses.replace(ec, **{k: kwargs.pop(k) for k in list(kwargs) if k in ec_fields})
+    ec = _sizes(cfg, engine, {k: kwargs.pop(k) for k in list(kwargs) if k in ec_fields})
     return (Engine if ec.replicas == 1 else EngineReplicas)(cfg, engine=ec, **kwargs)
 
 

@@ -5,7 +5,8 @@ against the path it replaced, which no longer exists in this tree).
 `DIR` is a checkout of horizon (e.g. `git worktree add /tmp/pre24 e23df6f^`, the tree before
 issue 24's first commit). This script imports *that* tree's `horizon` and only the APIs every
 checkout since the multi-token sampler has (`utils.config.load_config_file`, `model.params.numpy_init`,
-`rl.rollout.sampler.generate` / `sampler_kwargs_from_config`): configs/tiny.py's model with
+`rl.rollout.sampler.generate` / `sampler_kwargs_from_config`; the module is `horizon.rl.rollout.sampler` in
+trees of that era): configs/tiny.py's model with
 configs/rl_tiny.py's `rl.sampler` section of that tree, i.e. how `make run` sampled there.
 
 Protocol (one process per benchmark run, so the caller can interleave its own timed repetitions with
@@ -19,6 +20,7 @@ read from stdin (the path of an .npz of ``p{j}`` int32 prompt arrays, written by
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -33,7 +35,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     tree = os.path.abspath(args.tree)
     if not os.path.isfile(os.path.join(tree, "src", "horizon", "rl", "rollout", "sampler.py")):
-        ap.error(f"{tree} is not a horizon checkout with src/horizon/rl/rollout/sampler.py")
+        ap.error(f"{tree} is not a horizon checkout with src/horizon/inference/sampler.py")
     if args.new < 1:
         ap.error("--new must be >= 1")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -42,7 +44,7 @@ def main(argv=None):
     import ml_collections
     import numpy as np
     from horizon.model.params import numpy_init
-    from horizon.rl.rollout import sampler
+    sampler = importlib.import_module("horizon.rl.rollout.sampler")     # the layout of the trees it times
     from horizon.utils.config import load_config_file
 
     c = load_config_file(os.path.join(tree, "configs", "rl_tiny.py"))

@@ -1,7 +1,7 @@
 """The MoE layer's expert GEMMs: the project's grouped GEMM ("block") vs `jax.lax.ragged_dot` (SPEC §1, issue 27).
 
 One MoE layer's routed-expert compute, `h = silu(x Wg) * (x Wu); y = h Wd` over the T*k (token, expert)
-rows sorted by expert, each GEMM a grouped GEMM (`horizon.model.grouped.grouped_matmul(impl=...)`).
+rows sorted by expert, each GEMM a grouped GEMM (`horizon.quant.grouped.grouped_matmul(impl=...)`).
 Routing is uniform random top-k (each token picks k distinct experts), so groups are ~T*k/E rows.
 Per implementation it prints the compiled FLOPs (`cost_analysis()`, under `grouped.count_flops()` so the
 block tile loop is counted tile by tile; the forward only unless `--count-backward`) against the analytic
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
-from horizon.model import grouped  # noqa: E402
+from horizon.quant import grouped  # noqa: E402
 from horizon.utils import timing  # noqa: E402
 
 

@@ -57,7 +57,7 @@ def main():
         cfg = base.copy_and_resolve_references()
         cfg.mesh.preset = preset
         mesh = pmesh.make_mesh(cfg.mesh)
-        step, st_sh, b_sh = sharded.make_lm_train_step(cfg, mesh, jax.eval_shape(lambda: state))
+        step, st_sh, b_sh = lm.make_train_step(cfg, mesh, jax.eval_shape(lambda: state))
         st, bt = jax.device_put(state, st_sh), jax.device_put(batch, b_sh)
         t0 = time.perf_counter()
         with jax.set_mesh(mesh):

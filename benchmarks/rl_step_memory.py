@@ -11,7 +11,7 @@ RL died at a 27 GB allocation on a 23 GB machine once its chain batch passed 64 
         --micro-rows 32
     .venv/bin/python benchmarks/rl_step_memory.py --config=configs/rl_swegen.py --rows 0 --micro-rows 8 4 2
 
-The numbers come from `horizon.rl.memory.step_memory` (the step compiled from abstract shapes),
+The numbers come from `horizon.rl.runtime.memory.step_memory` (the step compiled from abstract shapes),
 the same computation as the pre-run check experiments/rl.py makes (`rl.memory_check`). `--rows 0`
 measures the config's own largest batch (`memory.max_step_shape`: prompts_per_step x group_size
 chains of the most segments, max_context_tokens long) instead of `--rows` one-segment chains of
@@ -29,9 +29,9 @@ import numpy as np
 
 from horizon.agent import Segment, Trajectory
 from horizon.model import transformer
-from horizon.rl import memory
-from horizon.rl.maths import batch as rlbatch
-from horizon.rl.maths import trainer
+from horizon.rl.runtime import memory
+from horizon.rl.algo import batch as rlbatch
+from horizon.rl.algo import trainer
 from horizon.utils.config import load_config_file
 
 

@@ -51,8 +51,9 @@ import numpy as np  # noqa: E402
 
 import sampling  # noqa: E402  (same directory: the HF export and generate of benchmarks/sampling.py)
 from horizon.model.params import numpy_init  # noqa: E402
-from horizon.rl.rollout import engine as E  # noqa: E402
-from horizon.rl.rollout import sampler  # noqa: E402
+from horizon.inference import engine as E  # noqa: E402
+from horizon.inference import policy as engine_policy  # noqa: E402
+from horizon.inference import sampler  # noqa: E402
 from horizon.utils import timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
@@ -339,7 +340,7 @@ def multi_turn(c, params, args):
 
 def agent(c0, params, args):
     """Key-recall episodes (configs/selfsum_tiny.py's family and agent) through `run_episodes`, lockstep
-    (one `sampler.generate` call per round) vs independent (`engine.EnginePolicy`), per context strategy. The weights
+    (one `sampler.generate` call per round) vs independent (`policy.EnginePolicy`), per context strategy. The weights
     are untrained (`--agent-params` is not loaded here): turns are malformed calls answered by the
     parse-error observation, so each episode runs `--agent-turns` turns and, past the trigger, the
     strategy's rewrite; what is measured is the loop: rollout wall time, prefill tokens, generated tokens."""
@@ -384,7 +385,7 @@ def agent(c0, params, args):
                 return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=0)
                         for t, lp, ri in zip(out.tokens, out.logprobs, out.router_indices)]
 
-            new = E.EnginePolicy(holder, c, jax.random.key(0))
+            new = engine_policy.EnginePolicy(holder, c, jax.random.key(0))
             rows = []
             for name, pol, pre in (("lockstep (generate)", old, lambda: counted["prefill"]),
                                    ("engine (EnginePolicy)", new, lambda: new.state["prefill_tokens"])):

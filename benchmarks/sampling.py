@@ -3,7 +3,7 @@ cache) vs Hugging Face `generate` (PyTorch eager, DeepseekV3, its KV cache), sam
 
 Both sides decode greedily exactly `--new` tokens for `--batch` prompts of `--prompt` random tokens
 (no stop token), on configs/small.py scaled like benchmarks/train_step.py (`--layers`, default 2 = 1
-dense + 1 MoE), float32. horizon's weights are exported with `hf_import.export_hf_checkpoint` and
+dense + 1 MoE), float32. horizon's weights are exported with `hf.export_hf_checkpoint` and
 loaded with `from_pretrained`. Tokens/s = batch * new tokens / wall time of one call; `--warmup`
 calls excluded (they include XLA compiles), the median of `--reps` calls reported, and the
 fraction of greedy tokens on which the two agree (float32 argmax ties aside they should all agree).
@@ -22,8 +22,8 @@ from train_step import small_config  # same directory: the benchmark model (sets
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from horizon.model import hf_import, transformer  # noqa: E402
-from horizon.rl.rollout import sampler  # noqa: E402
+from horizon.model import hf, transformer  # noqa: E402
+from horizon.inference import sampler  # noqa: E402
 from horizon.utils.timing import timed  # noqa: E402
 
 
@@ -36,13 +36,13 @@ def hf_torch(seed: int):
 
 
 def hf_model(params: dict, m):
-    """horizon `params` (model config `m`) exported with `hf_import.export_hf_checkpoint` and loaded
+    """horizon `params` (model config `m`) exported with `hf.export_hf_checkpoint` and loaded
     as Hugging Face `DeepseekV3ForCausalLM` (float32, eval mode): the same weights on the HF side."""
     import torch
     import transformers
 
     with tempfile.TemporaryDirectory() as d:
-        hf_import.export_hf_checkpoint(params, m, d)
+        hf.export_hf_checkpoint(params, m, d)
         model = transformers.DeepseekV3ForCausalLM.from_pretrained(d, dtype=torch.float32)
     return model.eval()
 

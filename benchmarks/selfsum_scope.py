@@ -18,7 +18,7 @@ import sys
 import time
 
 from horizon.agent.summarize import SUMMARIZING
-from horizon.env import selfsum as ss
+from horizon.studies import selfsum as ss
 from horizon.model import transformer
 from horizon.rl.runtime import loop
 from horizon.utils import cli

@@ -1,7 +1,7 @@
 """Train-step throughput: horizon (JAX, jitted) vs Hugging Face DeepseekV3 (PyTorch eager), same model (SPEC §1).
 
 Both sides run one full optimizer step per iteration on the same batch and the same weights (horizon's
-init, exported with `hf_import.export_hf_checkpoint` and loaded with `from_pretrained`):
+init, exported with `hf.export_hf_checkpoint` and loaded with `from_pretrained`):
 
 * horizon: `horizon.train.lm.jit_train_step` = forward + next-token CE + backward + AdamW (+ grad
   clipping and the router-bias update), jitted, float32.
@@ -49,7 +49,8 @@ import numpy as np  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from horizon.model import grouped, hf_import, params  # noqa: E402
+from horizon.model import hf, params  # noqa: E402
+from horizon.quant import grouped  # noqa: E402
 from horizon.train import lm, optim  # noqa: E402
 from horizon.utils import timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
@@ -129,7 +130,7 @@ def bench_hf(cfg, params0, tokens: np.ndarray, args):
 
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory() as d:
-        hf_import.export_hf_checkpoint(params0, cfg.model, d)
+        hf.export_hf_checkpoint(params0, cfg.model, d)
         model = transformers.DeepseekV3ForCausalLM.from_pretrained(d, dtype=torch.float32)
     model.train()
     t = cfg.train

@@ -17,7 +17,7 @@ def get_config() -> ml_collections.ConfigDict:
         num_samples=1_000_000,        # Monte-Carlo samples per gap
         gaps=(0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0),   # mean differences
     ))
-    # Figure 6: f(x; k, q), horizon.rl.maths.rewards.penalty_curve
+    # Figure 6: f(x; k, q), horizon.env.rewards.penalty_curve
     c.length_penalty = ml_collections.ConfigDict(dict(
         x_max=200.0,                  # effort axis range (e.g. tool-call equivalents)
         k_fixed=0.05, qs=(0.0, 0.25, 0.5, 0.75, 1.0, 1.5),   # left and right panels: several q at fixed k

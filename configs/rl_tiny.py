@@ -2,8 +2,8 @@
 
 The complete config experiments/rl.py runs: `model` (configs/tiny.py at max_seq_len 256), `mesh`,
 `agent` (configs/agent_tiny.py with this environment's settings), `rl` (every RL hyperparameter:
-loss/KL semantics in `horizon.rl.maths.losses`, the length penalty and behaviour hooks in
-`horizon.rl.maths.rewards`) and `exp` (task family, sandboxes, SFT warm start, eval). What you read here
+loss/KL semantics in `horizon.rl.algo.losses`, the length penalty and behaviour hooks in
+`horizon.env.rewards`) and `exp` (task family, sandboxes, SFT warm start, eval). What you read here
 is what runs: `--config.rl.group_size=8` is the group size the trainer sees.
 
 One RL step count: `exp.steps` (`rl.optim.steps`, the schedule length, is the same FieldReference,
@@ -18,7 +18,7 @@ from horizon.utils.config import sibling_config
 def rl_config() -> ml_collections.ConfigDict:
     r = ml_collections.ConfigDict()
     r.group_size = 4              # rollouts (or summary chains) per prompt, fixed
-    # --- policy gradient (horizon.rl.maths.losses.policy_gradient_loss)
+    # --- policy gradient (horizon.rl.algo.losses.policy_gradient_loss)
     r.loss_agg = "token_sum"      # "token_sum" (Dr.GRPO, no length norm) | "seq_mean" | "token_mean"
     r.token_sum_norm = 0.0        # divisor for token_sum; 0 = number of rows (a batch constant)
     r.std_normalize = False       # divide advantages by group std (GRPO ablation; report: off)
@@ -32,7 +32,7 @@ def rl_config() -> ml_collections.ConfigDict:
     r.kl_mode = "reward"          # "reward" (detached reward-to-go in the advantage; unbiased with k1)
     #                               | "reward_token" (per-token penalty) | "loss" (naive term, ablation)
     r.kl_across_segments = True   # "reward" mode: charge a chain segment the KL of later segments too
-    # --- stale-token corrections (issue 23, item 4; horizon.rl.maths.losses): caps c > 1 on the detached
+    # --- stale-token corrections (issue 23, item 4; horizon.rl.algo.losses): caps c > 1 on the detached
     #     ratio r = exp(logp_trainer - logp_sampler) of each loss token; 0 = off. Off by default: the report
     #     trains near on-policy (async_.max_staleness bounds the lag; the surrogate's r importance-weights
     #     every token already), and off keeps every existing run's loss and update bit-identical
@@ -56,7 +56,7 @@ def rl_config() -> ml_collections.ConfigDict:
         turns=20.0,               # per turn
     ))
     r.length_penalty = lp
-    # --- behaviour reward weights (horizon.rl.maths.rewards.BEHAVIOUR_HOOKS; hooks are signed)
+    # --- behaviour reward weights (horizon.env.rewards.BEHAVIOUR_HOOKS; hooks are signed)
     r.behaviour = ml_collections.ConfigDict(dict(
         unfinished_todos=0.05,    # per todo created and not completed
         malformed_calls=0.02,     # per malformed tool call
@@ -96,9 +96,9 @@ def get_config() -> ml_collections.ConfigDict:
 
 
 # ============================================================================= RL trainer block
-# Read by horizon.rl.rollout.sampler, horizon.rl.maths.{batch,trainer} and horizon.rl.runtime.{core,prompts}.
+# Read by horizon.inference.sampler, horizon.rl.algo.{batch,trainer} and horizon.rl.runtime.{core,prompts}.
 def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
-    # --- sampling (the rollout engine below; the fixed-batch horizon.rl.rollout.sampler.generate of
+    # --- sampling (the rollout engine below; the fixed-batch horizon.inference.sampler.generate of
     #     benchmarks and tests reads the same section); logprobs are always the untempered model's
     r.sampler = ml_collections.ConfigDict(dict(
         temperature=1.0,          # 0 = greedy; != 1 makes samples off-policy w.r.t. the trained logprobs
@@ -113,9 +113,9 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         sync_tokens=32,           # decode steps per device chunk / host sync (without in-flight polling;
         #                           with it, chunk_tokens); benchmarks/sampling.py measures the trade-off; 32 beat
         #                           16 in the engine's raw workload (docs/PERF.md "Decode step", 2026-12-05)
-        # --- rollout engine (horizon.rl.rollout.engine: continuous batching, KV reuse across turns,
+        # --- rollout engine (horizon.inference.engine: continuous batching, KV reuse across turns,
         #     shared prefixes; `EnginePolicy`), through which the RL loops, async workers and evals
-        #     sample (`engine.rollout_policy`; sharded over a multi-device mesh). Cache budget =
+        #     sample (`policy.rollout_policy`; sharded over a multi-device mesh). Cache budget =
         #     engine_slots x engine_max_len positions; past it requests queue (FIFO) and idle episode
         #     caches are swapped out, then dropped
         engine_slots=32,          # decode slots (rows of the latent cache; on a mesh a multiple of its
@@ -138,7 +138,7 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           them (engine.EngineReplicas); on CPU the process needs that many devices
         #                           (jax_num_cpu_devices): 2 on 2 cores ran the raw workload 1.2-1.3x faster (docs/PERF.md)
     ))
-    # --- batch layout (horizon.rl.maths.batch.build_batch)
+    # --- batch layout (horizon.rl.algo.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(
         min_rows=8,               # row bucket minimum (rows = segments of all chains)
         min_seq=64,               # sequence bucket minimum
@@ -147,7 +147,7 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           chains each; activation memory scales with it, not with the batch)
         truncated_reasons=("token_budget", "context_full", "max_steps"),  # agent end reasons = truncated
     ))
-    # --- pre-run memory check (horizon.rl.memory; experiments/rl.py, before sandboxes, SFT and evals): XLA's
+    # --- pre-run memory check (horizon.rl.runtime.memory; experiments/rl.py, before sandboxes, SFT and evals): XLA's
     #     memory of the train step compiled for the largest batch the run can produce (prompts_per_step x
     #     group_size chains of the most segments, agent.max_context_tokens long), vs the machine's
     r.memory_check = ml_collections.ConfigDict(dict(
@@ -158,7 +158,7 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         mappings_fraction=0.5,    # a long-lived driver drops compiled executables between runs above this share of
         #                           vm.max_map_count (memory.release_compiled_if_near_limit; ~10^3 mappings each)
     ))
-    # --- train step (horizon.rl.maths.trainer.train_step)
+    # --- train step (horizon.rl.algo.trainer.train_step)
     r.router_replay = True        # replay inference-time experts in the trainer forward (SPEC §4.1)
     r.update_router_bias = True   # aux-loss-free bias update from the (real-token) router load
     r.use_reference = True        # keep a frozen copy of the initial params as the KL reference

@@ -63,7 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
     #   quick took 1234 s (over its 20 minutes; 4 steps moved no strategy by more than 0.062 there): 2 RL steps
         seeds=(0,), n_sft_tasks=256, steps=2, check_tasks=8, eval=dict(n_tasks=16, passes=2),
         sft=dict(clean_steps=800, steps=100, probe_every=0),
-    ), rl=dict(optim=dict(warmup_steps=1))))   # warmup must be shorter than the run (rl.checks)
+    ), rl=dict(optim=dict(warmup_steps=1))))   # warmup must be shorter than the run (rl.runtime.checks)
     e.steps = 4                       # RL steps per strategy (~25 s each alone on 2 cores: the 2-hour budget, PERF.md)
     e.n_sft_tasks = 512               # demonstration chains per strategy (train seeds [0, n)); RL prompts follow
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs;

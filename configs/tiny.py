@@ -1,7 +1,7 @@
 """Tiny MLA/MoE config: runs in seconds on CPU. Every hyperparameter lives here (SPEC §1, §8).
 
 Field names follow DeepSeek-V3's Hugging Face config where one exists (see
-`horizon.model.hf_import` for the mapping).
+`horizon.model.hf` for the mapping).
 """
 
 import ml_collections
@@ -12,7 +12,7 @@ def model_config() -> ml_collections.ConfigDict:
     m.vocab_size = 320            # ByteTokenizer: 256 bytes + specials
     m.tokenizer = "byte"          # "byte" | a tokenizer.json (or a directory holding one): horizon.data.tokenizer
     m.init_from = ""              # an HF checkpoint dir: architecture (+ tokenizer.json) and weights from it
-    #                               (horizon.model.hf_import.apply_init_from / pretrained_params)
+    #                               (horizon.model.hf.apply_init_from / pretrained_params)
     m.d_model = 64                # HF hidden_size
     m.num_layers = 3              # HF num_hidden_layers
     m.first_k_dense = 1           # HF first_k_dense_replace

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Build the real-repository images and generate SWE-bench instances from them (SPEC §5, §7; issue 26).
 
-Per repository of envs/repos/manifest.toml (`horizon.tasks.repos`): fetch the pinned sdist with pip
+Per repository of envs/repos/manifest.toml (`horizon.taskgen.repos`): fetch the pinned sdist with pip
 on the host (sha256-checked), commit it as a git repository, build `horizon-repo:<name>-<version>`
 FROM `horizon-sandbox:base` (labels: git tree hash, base image id; skipped when current), run the
 suite twice in it (flaky tests excluded; baseline.json, skipped when current). With
 `gen.n_candidates` > 0 (configs/swegen.py): map which tests run which function (one traced run,
 coverage.json), validate seeded mutation candidates in Docker with `gen.workers` containers
-(`horizon.tasks.generate`; verdicts cached per candidate content hash, so a rebuild is incremental),
+(`horizon.taskgen.generate`; verdicts cached per candidate content hash, so a rebuild is incremental),
 build an image per kept instance (`horizon-swegen:<id>`), and write `out_dir`/train.jsonl and
 heldout.jsonl (split by repository) and report.json. Never pulls. Wall time is printed.
 
@@ -24,7 +24,8 @@ import pathlib
 import sys
 import time
 
-from horizon.tasks import generate, repos, swebench
+from horizon.taskgen import generate, repos
+from horizon.tasks import swebench
 from horizon.tasks.task import TaskError
 from horizon.utils import cli
 from horizon.utils.config import ConfigError, need_int

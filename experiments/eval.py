@@ -29,7 +29,7 @@ from horizon.eval import summarize, write_jsonl
 from horizon.eval.report import repo_rows
 from horizon.eval.setup import build_tasks, checkpoint_list, patch_policy, registry_fn_for, system_prompt_for, task_repo
 from horizon.eval.setup import validate_eval_config
-from horizon.model import hf_import
+from horizon.model import hf
 from horizon.model.params import count_params
 from horizon.utils import cli
 from horizon.utils.config import dump_config
@@ -45,7 +45,7 @@ REPO_COLS = ("policy", "repo", "tasks", "accuracy", "best_of_1")
 def load_config(argv=None):
     """The validated config of `argv` (exit 2 with one line on bad input)."""
     return cli.load(argv, default="configs/eval_tiny.py", validate=validate_eval_config, doc=__doc__,
-                    prog="experiments/eval.py", derive=hf_import.apply_init_from)
+                    prog="experiments/eval.py", derive=hf.apply_init_from)
 
 
 def best_of_k_plot(overall: list[dict], path: pathlib.Path) -> None:

@@ -1,7 +1,7 @@
 """Report figure 4: KL estimators k1/k2/k3 on two unit-variance Gaussians (SPEC §4).
 
 Samples x ~ q = N(0, 1), reference p = N(Δμ, 1), r = p/q; estimators from
-`horizon.rl.maths.losses.kl_estimate`. For equal variances KL(q||p) = KL(p||q) = Δμ²/2.
+`horizon.rl.algo.losses.kl_estimate`. For equal variances KL(q||p) = KL(p||q) = Δμ²/2.
 With Z = log r ~ N(-Δμ²/2, Δμ²) the analytic moments are
   k1: mean Δμ²/2, std Δμ;
   k2: mean Δμ²/2 + Δμ⁴/8 (biased), std sqrt((2Δμ⁴ + Δμ⁶)/4);
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from horizon.rl.maths.losses import KL_ESTIMATORS, kl_estimate
+from horizon.rl.algo.losses import KL_ESTIMATORS, kl_estimate
 from horizon.utils import cli
 from horizon.utils.config import need, need_int
 

@@ -1,7 +1,7 @@
 """Report figure 6: the family of nonlinear length-penalty curves f(x; k, q) (SPEC §4).
 
 f(x; k, q) = ((1 + kx)^(1-q) - 1) / (k(1-q)), and log(1 + kx)/k at q = 1
-(`horizon.rl.maths.rewards.penalty_curve`). Left: several q at fixed k; middle: several k at
+(`horizon.env.rewards.penalty_curve`). Left: several q at fixed k; middle: several k at
 fixed q (normalised by f(x_max) so the shapes compare); right: the marginal cost
 f'(x) = (1 + kx)^(-q). Writes length_penalty_curves.png to `output_dir` (configs/figures.py,
 section `length_penalty`).
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from horizon.rl.maths.rewards import penalty_curve, validate_curve_params
+from horizon.env.rewards import penalty_curve, validate_curve_params
 from horizon.utils import cli
 from horizon.utils.config import ConfigError, need_float
 

@@ -67,8 +67,8 @@ def main(argv=None):
 
     mesh = pmesh.mesh_from_config(cfg)        # default: one device; c.mesh picks FSDP / EP / CP
     state = lm.init_state(jax.random.key_data(run_keys(cfg.seed)["init"]), cfg)
-    train_fn, st_sh, _ = sharded.make_lm_train_step(cfg, mesh, jax.eval_shape(lambda: state))
-    eval_fn = sharded.make_lm_eval_step(cfg, mesh, jax.eval_shape(lambda: state.params))
+    train_fn, st_sh, _ = lm.make_train_step(cfg, mesh, jax.eval_shape(lambda: state))
+    eval_fn = lm.make_eval_step(cfg, mesh, jax.eval_shape(lambda: state.params))
     state = jax.device_put(state, st_sh)      # params / optimizer state by the logical-axis rules
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", every=tc.checkpoint_every, keep=tc.max_checkpoints)
     restored = ckpt.restore_latest(state)

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from horizon.eval.report import plot_jsonl, reward_at, smooth, time_to_reach, write_jsonl
-from horizon.rl import checks
+from horizon.rl.runtime import checks
 from horizon.rl.runtime import async_loop, loop
 from horizon.utils import cli
 

@@ -20,7 +20,7 @@ Per seed of `exp.seeds` (out_dir/seed<k>/):
 2. RL per strategy from that checkpoint, same prompts, trigger, context limit, token budget and
    steps (`loop.run_rl`; rollouts and verification in the sandboxes of `exp.backend`).
 3. Held-out eval at step 0 and at the end, per episode (`selfsum.study_eval`).
-Then the table over all seeds (`selfsum.study_rows`, `horizon.env.selfsum_metrics`): success with
+Then the table over all seeds (`selfsum.study_rows`, `horizon.studies.selfsum_metrics`): success with
 its bootstrap CI, paired differences to self-summary per seed, compaction-caused errors, tokens per
 summary, generated tokens per solved task, prefill tokens, summaries per episode.
 
@@ -37,11 +37,12 @@ import time
 
 import jax
 
-from horizon.env import selfsum as ss
+from horizon.studies import selfsum as ss
 from horizon.env.rollouts import SandboxPool
 from horizon.model import transformer
-from horizon.rl import memory as rlmemory
-from horizon.rl.rollout import engine, sampler
+from horizon.rl.runtime import memory as rlmemory
+from horizon.inference import policy as engine_policy
+from horizon.inference import sampler
 from horizon.rl.runtime import loop, workers
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
@@ -56,7 +57,7 @@ def load_config(argv=None):
 def policy_fn(c):
     """`loop.evaluate`'s policy: the rollout engine at fold_in(eval key, step)."""
     key = run_keys(c.seed)["eval"]
-    return lambda params, step: engine.rollout_policy(sampler.ParamsHolder(params, version=step), c,
+    return lambda params, step: engine_policy.rollout_policy(sampler.ParamsHolder(params, version=step), c,
                                                       jax.random.fold_in(key, step),
                                                       temperature=float(c.exp.eval.temperature))
 

@@ -44,7 +44,7 @@ def _set_call_policy(tok):
     def policy(contexts, max_new_tokens):
         return [Generation(toks[:max_new_tokens], np.full(min(len(toks), max_new_tokens), -1.0, np.float32))
                 for _ in contexts]
-    policy.state = {"switches": 0, "tokens": 0, "gen_s": 0.0}      # what `engine.rollout_policy`'s policies count
+    policy.state = {"switches": 0, "tokens": 0, "gen_s": 0.0}      # what `engine_policy.rollout_policy`'s policies count
     return policy
 
 
@@ -54,8 +54,8 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     from horizon.data.tokenizer import ByteTokenizer
     from horizon.model import transformer
     from horizon.env import rollouts as env_rollouts
-    from horizon.rl.maths import trainer
-    from horizon.rl.rollout import engine
+    from horizon.rl.algo import trainer
+    from horizon.inference import policy as engine_policy
     from horizon.rl.runtime import loop
 
     drv = _driver("rl")
@@ -75,7 +75,7 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     monkeypatch.setattr(loop, "config_edit_warm_start", lambda c, f, t, o, log, k: transformer.init(k, c.model))
     monkeypatch.setattr(drv, "sft_check", lambda *a: dict(greedy_wellformed=1.0, sampled_wellformed=1.0,
                                                           greedy_correct=0.0, sampled_correct=0.0, greedy_example=""))
-    monkeypatch.setattr(engine, "rollout_policy", lambda *a, **k: _set_call_policy(tok))
+    monkeypatch.setattr(engine_policy, "rollout_policy", lambda *a, **k: _set_call_policy(tok))
     monkeypatch.setattr(trainer, "train_step", train_step)
     monkeypatch.setattr(env_rollouts, "rollout_batch", rollout)
     drv.main(["--config=configs/rl_tiny.py", f"--config.exp.out_dir={tmp_path / 'run'}", *LOCAL, *extra])

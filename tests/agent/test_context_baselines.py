@@ -13,7 +13,7 @@ from horizon.agent.prompt import carry_over, render
 from horizon.agent.rollout import validate_agent_config
 from horizon.agent.summarize import ContextState
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.env import selfsum as ss
+from horizon.studies import selfsum as ss
 from horizon.env.demos import KeyRecallDemoPolicy
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox

@@ -1,5 +1,5 @@
-"""The self-summarization study's metrics, equal-treatment demos and pipeline (horizon.env.selfsum,
-horizon.env.selfsum_metrics; SPEC §6; issue 25). Metric tests use synthetic records with numbers
+"""The self-summarization study's metrics, equal-treatment demos and pipeline (horizon.studies.selfsum,
+horizon.studies.selfsum_metrics; SPEC §6; issue 25). Metric tests use synthetic records with numbers
 checkable by hand; the smoke test runs the study's pipeline without a model (the demonstrator as
 the policy, LocalSandbox pool) in a few seconds."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from horizon.agent import run_episodes
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.env import selfsum as ss
-from horizon.env import selfsum_metrics as sm
+from horizon.studies import selfsum as ss
+from horizon.studies import selfsum_metrics as sm
 from horizon.env.demos import KeyRecallDemoPolicy, mask_final_turn
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox

@@ -1,4 +1,4 @@
-"""The grouped expert GEMM (`horizon.model.grouped`) is `jax.lax.ragged_dot` at the FLOPs it needs:
+"""The grouped expert GEMM (`horizon.quant.grouped`) is `jax.lax.ragged_dot` at the FLOPs it needs:
 values and both gradients equal ragged_dot's on ragged groups (empty groups, one group holding every
 row, rows past sum(group_sizes)), float32 and bfloat16; its compiled FLOPs for 2048 routed rows over
 32 experts stay within 1.5x of the grouped ideal while ragged_dot's are ~32x (SPEC §1)."""
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from horizon.model import grouped
+from horizon.quant import grouped
 
 K, N, G = 24, 40, 6
 

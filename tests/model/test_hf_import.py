@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from horizon.model import hf_import, transformer  # noqa: E402
+from horizon.model import hf, transformer  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
 REL_TOL = 1e-4  # see module docstring
@@ -55,7 +55,7 @@ def _tiny(variant: str):
 
 def _hf_model(m, seed: int = 0):
     """Random tiny HF model; norms and router bias randomised so their mapping matters."""
-    kw = hf_import.hf_config_from_model_config(m)
+    kw = hf.hf_config_from_model_config(m)
     return _hf_model_from_config(transformers.DeepseekV3Config(**kw, initializer_range=m.init_std), seed)
 
 
@@ -132,15 +132,15 @@ def saved(request, tmp_path_factory):
 def test_saved_layout_is_per_expert(saved):
     """transformers 5.x keeps experts fused in memory but save_pretrained writes the on-disk layout."""
     m, model, d = saved
-    names = hf_import.CheckpointReader(d).keys()
+    names = hf.CheckpointReader(d).keys()
     assert f"model.layers.{m.first_k_dense}.mlp.experts.0.gate_proj.weight" in names
     assert not any(n.endswith("experts.gate_up_proj") for n in names)
-    assert set(names) == set(hf_import.iter_hf_names(m))
+    assert set(names) == set(hf.iter_hf_names(m))
 
 
 def test_logits_and_routing_match_transformers(saved):
     m, model, d = saved
-    params = hf_import.load_hf_checkpoint(d, m)
+    params = hf.load_hf_checkpoint(d, m)
     tokens = _tokens(m)
     ref_logits, ref_idx = _hf_forward(model, tokens)
     logits, idx = _horizon_forward(params, tokens, m)
@@ -168,19 +168,19 @@ def test_fused_in_memory_layout_loads_the_same(saved, tmp_path):
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd)
     save_file(sd, str(tmp_path / "model.safetensors"))
-    a = hf_import.load_hf_checkpoint(d, m)
-    b = hf_import.load_hf_checkpoint(tmp_path / "model.safetensors", m)
+    a = hf.load_hf_checkpoint(d, m)
+    b = hf.load_hf_checkpoint(tmp_path / "model.safetensors", m)
     assert _trees_equal(a, b)
 
 
 def test_export_roundtrip_and_transformers_reload(saved, tmp_path):
     m, model, d = saved
-    params = hf_import.load_hf_checkpoint(d, m)
+    params = hf.load_hf_checkpoint(d, m)
     out = tmp_path / "export"
-    files = hf_import.export_hf_checkpoint(params, m, out, max_shard_bytes=100_000)  # forces sharding
+    files = hf.export_hf_checkpoint(params, m, out, max_shard_bytes=100_000)  # forces sharding
     assert len(files) > 1 and (out / "model.safetensors.index.json").exists()
-    assert _trees_equal(hf_import.load_hf_checkpoint(out, m), params)
-    m2, p2 = hf_import.load_pretrained(out, base=m)
+    assert _trees_equal(hf.load_hf_checkpoint(out, m), params)
+    m2, p2 = hf.load_pretrained(out, base=m)
     assert m2.to_dict() == m.to_dict() and _trees_equal(p2, params)
 
     reloaded = transformers.DeepseekV3ForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
@@ -193,21 +193,21 @@ def test_export_roundtrip_and_transformers_reload(saved, tmp_path):
 
 def test_config_mapping_roundtrip_and_legacy_rope():
     m = _tiny("yarn_fullq")
-    hf = hf_import.hf_config_from_model_config(m)
-    assert hf["q_lora_rank"] is None and hf["first_k_dense_replace"] == 1 and hf["hidden_size"] == m.d_model
-    assert hf_import.model_config_from_hf(hf, base=m).to_dict() == m.to_dict()
+    hc = hf.hf_config_from_model_config(m)
+    assert hc["q_lora_rank"] is None and hc["first_k_dense_replace"] == 1 and hc["hidden_size"] == m.d_model
+    assert hf.model_config_from_hf(hc, base=m).to_dict() == m.to_dict()
     # original DeepSeek-V3 / Kimi-K2 config.json form: rope_scaling{type} + top-level rope_theta
-    legacy = {k: v for k, v in hf.items() if k != "rope_parameters"}
-    rp = dict(hf["rope_parameters"])
+    legacy = {k: v for k, v in hc.items() if k != "rope_parameters"}
+    rp = dict(hc["rope_parameters"])
     legacy["rope_theta"] = rp.pop("rope_theta")
     rp["type"] = rp.pop("rope_type")
     legacy.update(rope_scaling=rp, topk_method="noaux_tc", scoring_func="sigmoid", num_nextn_predict_layers=1)
-    m3 = hf_import.model_config_from_hf(legacy, base=m)
+    m3 = hf.model_config_from_hf(legacy, base=m)
     assert m3.mtp_depth == 1 and m3.rope_scaling.to_dict() == m.rope_scaling.to_dict()
     with pytest.raises(ValueError, match="scoring_func"):
-        hf_import.model_config_from_hf({**legacy, "scoring_func": "softmax"}, base=m)
+        hf.model_config_from_hf({**legacy, "scoring_func": "softmax"}, base=m)
     # the transformers config class accepts the kwargs and derives the same attention scale / rope
-    c = transformers.DeepseekV3Config(**hf)
+    c = transformers.DeepseekV3Config(**hc)
     from horizon.model import rope
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding, yarn_apply_mscale
     emb = DeepseekV3RotaryEmbedding(c)
@@ -222,17 +222,17 @@ def test_mtp_export_names_and_roundtrip(tmp_path):
     m = _tiny("qlora")
     m.mtp_depth = 1
     params = _random_params(m, 3)
-    hf_import.export_hf_checkpoint(params, m, tmp_path)
-    r = hf_import.CheckpointReader(tmp_path)
+    hf.export_hf_checkpoint(params, m, tmp_path)
+    r = hf.CheckpointReader(tmp_path)
     L = m.num_layers
     for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight",
               "embed_tokens.weight", "self_attn.q_a_proj.weight", "mlp.experts.7.down_proj.weight"):
         assert f"model.layers.{L}.{n}" in r
     np.testing.assert_array_equal(r.get(f"model.layers.{L}.eh_proj.weight"), np.asarray(params["mtp"]["proj"][0]).T)
-    assert _trees_equal(hf_import.load_hf_checkpoint(tmp_path, m), params)
+    assert _trees_equal(hf.load_hf_checkpoint(tmp_path, m), params)
     # mtp_depth = 0 skips the MTP layer; strict still rejects unknown tensors
     m0 = _tiny("qlora")
-    p0 = hf_import.load_hf_checkpoint(tmp_path, m0)
+    p0 = hf.load_hf_checkpoint(tmp_path, m0)
     assert "mtp" not in p0 and np.array_equal(p0["moe"]["attn"]["wq_a"], params["moe"]["attn"]["wq_a"])
     assert json.loads((tmp_path / "config.json").read_text())["num_nextn_predict_layers"] == 1
 
@@ -242,23 +242,23 @@ def test_bf16_export_and_missing_tensor_error(tmp_path):
 
     m = _tiny("qlora")
     params = _random_params(m, 4)
-    hf_import.export_hf_checkpoint(params, m, tmp_path, dtype="bfloat16")
+    hf.export_hf_checkpoint(params, m, tmp_path, dtype="bfloat16")
     with safe_open(str(tmp_path / "model.safetensors"), "np") as f:  # the reference reader agrees with ours
         w = f.get_tensor("model.layers.0.self_attn.kv_b_proj.weight")
         assert str(w.dtype) == "bfloat16"
         np.testing.assert_array_equal(w, np.asarray(params["dense"]["attn"]["wkv_b"][0].astype(jnp.bfloat16)).T)
         assert f.get_tensor("model.layers.1.mlp.gate.e_score_correction_bias").dtype == np.float32
-    p = hf_import.load_hf_checkpoint(tmp_path, m)
+    p = hf.load_hf_checkpoint(tmp_path, m)
     assert p["embed"].dtype == jnp.float32  # loaded into param_dtype
     # missing tensor: rewrite the file without one expert
-    r = hf_import.CheckpointReader(tmp_path)
+    r = hf.CheckpointReader(tmp_path)
     keep = [n for n in r.keys() if n != "model.layers.2.mlp.experts.3.up_proj.weight"]
     bad = tmp_path / "bad"
     bad.mkdir()
-    hf_import.write_safetensors(bad / "model.safetensors",
+    hf.write_safetensors(bad / "model.safetensors",
                                 [(n, r.shape(n), r.raw(n).dtype, lambda n=n: r.raw(n)) for n in keep])
     with pytest.raises(KeyError, match="experts.3.up_proj"):
-        hf_import.load_hf_checkpoint(bad, m)
+        hf.load_hf_checkpoint(bad, m)
 
 
 def test_fp8_block_dequantization(tmp_path):
@@ -276,9 +276,9 @@ def test_fp8_block_dequantization(tmp_path):
             s[i, j] = np.abs(tile).max() / 448.0
             q[i * B:(i + 1) * B, j * B:(j + 1) * B] = tile / s[i, j]
     q8 = q.astype(ml_dtypes.float8_e4m3fn)
-    hf_import.write_safetensors(tmp_path / "model.safetensors", [
+    hf.write_safetensors(tmp_path / "model.safetensors", [
         ("x.weight", q8.shape, q8.dtype, lambda: q8), ("x.weight_scale_inv", s.shape, s.dtype, lambda: s)])
-    got = hf_import.CheckpointReader(tmp_path).get("x.weight")
+    got = hf.CheckpointReader(tmp_path).get("x.weight")
     expect = q8.astype(np.float32) * np.kron(s, np.ones((B, B), np.float32))[:200, :300]
     np.testing.assert_array_equal(got, expect)
     # e4m3 has a 3-bit mantissa: relative error per element <= 2^-4 (plus subnormal tiny values)
@@ -291,11 +291,11 @@ def test_dense_only_and_tied_model_roundtrip(tmp_path):
     m.num_experts, m.tie_embeddings = 0, True
     params = _random_params(m, 5)
     assert "moe" not in params and "lm_head" not in params
-    hf_import.export_hf_checkpoint(params, m, tmp_path)
-    hf = json.loads((tmp_path / "config.json").read_text())
-    assert hf["first_k_dense_replace"] == m.num_layers and hf["tie_word_embeddings"] is True
-    assert "lm_head.weight" not in hf_import.CheckpointReader(tmp_path)
-    m2, p2 = hf_import.load_pretrained(tmp_path, base=m)
+    hf.export_hf_checkpoint(params, m, tmp_path)
+    hc = json.loads((tmp_path / "config.json").read_text())
+    assert hc["first_k_dense_replace"] == m.num_layers and hc["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in hf.CheckpointReader(tmp_path)
+    m2, p2 = hf.load_pretrained(tmp_path, base=m)
     assert m2.num_experts == 0 and m2.tie_embeddings and _trees_equal(p2, params)
 
 
@@ -328,20 +328,20 @@ def user_saved(tmp_path_factory):
 
 
 def _no_mtp_in(d, num_layers: int) -> bool:
-    return not any(n.startswith(f"model.layers.{num_layers}.") for n in hf_import.CheckpointReader(d).keys())
+    return not any(n.startswith(f"model.layers.{num_layers}.") for n in hf.CheckpointReader(d).keys())
 
 
 def test_transformers_checkpoint_loads_with_fresh_mtp_and_matches_logits(user_saved):
     model, d = user_saved
-    hf = json.loads((d / "config.json").read_text())
-    assert hf["num_nextn_predict_layers"] == 1 and _no_mtp_in(d, hf["num_hidden_layers"])  # declared, not saved
+    hc = json.loads((d / "config.json").read_text())
+    assert hc["num_nextn_predict_layers"] == 1 and _no_mtp_in(d, hc["num_hidden_layers"])  # declared, not saved
     with pytest.warns(UserWarning, match=r"initialised 1 MTP layer\(s\) fresh"):
-        m, params = hf_import.load_pretrained(d)
+        m, params = hf.load_pretrained(d)
     assert (m.mtp_depth, m.q_lora_rank, m.n_group, m.topk_group, m.first_k_dense) == (1, 32, 4, 2, 1)
     assert m.rope_scaling.type == "yarn" and m.rope_scaling.mscale_all_dim == 0.5
     spec = jax.eval_shape(lambda k: transformer.init(k, m), jax.random.PRNGKey(0))
     assert jax.tree.structure(params) == jax.tree.structure(spec)
-    assert _trees_equal(params["mtp"], hf_import.fresh_mtp_params(m, 0))  # the repo's init, key PRNGKey(0)
+    assert _trees_equal(params["mtp"], hf.fresh_mtp_params(m, 0))  # the repo's init, key PRNGKey(0)
 
     tokens = _tokens(m, seq=LONG_SEQ)
     ref_logits, ref_idx = _hf_forward(model, tokens)
@@ -361,25 +361,25 @@ def test_sharded_transformers_checkpoint_and_mtp_seed(user_saved, tmp_path):
     model.save_pretrained(tmp_path, max_shard_size="100KB")
     assert (tmp_path / "model.safetensors.index.json").exists() and len(list(tmp_path.glob("*.safetensors"))) > 1
     with pytest.warns(UserWarning):
-        _, a = hf_import.load_pretrained(d)
+        _, a = hf.load_pretrained(d)
     with pytest.warns(UserWarning):
-        _, b = hf_import.load_pretrained(tmp_path)
+        _, b = hf.load_pretrained(tmp_path)
     assert _trees_equal(a, b)
     with pytest.warns(UserWarning, match="mtp_init_seed=1"):
-        m, c = hf_import.load_pretrained(d, mtp_init_seed=1)
+        m, c = hf.load_pretrained(d, mtp_init_seed=1)
     assert _trees_equal({k: v for k, v in a.items() if k != "mtp"}, {k: v for k, v in c.items() if k != "mtp"})
     assert not np.array_equal(a["mtp"]["proj"], c["mtp"]["proj"])
     with pytest.raises(KeyError, match=r"no MTP tensors .*layers\.3\.enorm"):
-        hf_import.load_pretrained(d, mtp_init_seed=None)
+        hf.load_pretrained(d, mtp_init_seed=None)
 
 
 def _rewrite_without(src, dst, drop: str) -> None:
     """Copy checkpoint `src` (config.json + tensors) to `dst` without tensor `drop`."""
-    r = hf_import.CheckpointReader(src)
+    r = hf.CheckpointReader(src)
     assert drop in r
     dst.mkdir()
     (dst / "config.json").write_text((src / "config.json").read_text())
-    hf_import.write_safetensors(dst / "model.safetensors", [(n, r.shape(n), r.raw(n).dtype, lambda n=n: r.raw(n))
+    hf.write_safetensors(dst / "model.safetensors", [(n, r.shape(n), r.raw(n).dtype, lambda n=n: r.raw(n))
                                                             for n in r.keys() if n != drop])
 
 
@@ -387,14 +387,14 @@ def test_partial_mtp_and_missing_attention_tensor_are_errors(user_saved, tmp_pat
     # an exported checkpoint with its MTP layer, less one MTP tensor: corrupt, not "train MTP fresh"
     m = _tiny("qlora")
     m.mtp_depth = 1
-    hf_import.export_hf_checkpoint(_random_params(m, 6), m, tmp_path / "full")
+    hf.export_hf_checkpoint(_random_params(m, 6), m, tmp_path / "full")
     drop = f"model.layers.{m.num_layers}.self_attn.kv_b_proj.weight"
     _rewrite_without(tmp_path / "full", tmp_path / "partial", drop)
     with pytest.raises(KeyError, match=r"corrupt checkpoint .*" + re.escape(drop)):
-        hf_import.load_pretrained(tmp_path / "partial", base=m)
+        hf.load_pretrained(tmp_path / "partial", base=m)
     # fresh MTP never hides a missing main-model tensor
     _, d = user_saved
     drop = "model.layers.1.self_attn.q_b_proj.weight"
     _rewrite_without(d, tmp_path / "no_attn", drop)
     with pytest.raises(KeyError, match=r"1 tensors missing .*" + re.escape(drop)):
-        hf_import.load_pretrained(tmp_path / "no_attn")
+        hf.load_pretrained(tmp_path / "no_attn")

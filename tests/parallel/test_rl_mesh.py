@@ -17,7 +17,7 @@ from horizon.data.tokenizer import ByteTokenizer
 from horizon.model.params import numpy_init
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import packing
-from horizon.rl.maths import batch as rlbatch
+from horizon.rl.algo import batch as rlbatch
 from horizon.rl.runtime import core as runtime
 from horizon.rl.runtime import loop, workers
 from horizon.train.checkpoint import Checkpointer

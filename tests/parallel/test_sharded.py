@@ -49,7 +49,7 @@ def test_sharded_lm_step_equals_single_device(preset, reference, batch, need8):
     state, ref_state, ref_m = reference
     cfg = mesh_cfg(preset)
     mesh = pmesh.make_mesh(cfg.mesh)
-    step, st_sh, b_sh = sharded.make_lm_train_step(cfg, mesh, jax.eval_shape(lambda: state))
+    step, st_sh, b_sh = lm.make_train_step(cfg, mesh, jax.eval_shape(lambda: state))
     new_state, m = step(jax.device_put(state, st_sh), jax.device_put(batch, b_sh))
     np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]), rtol=1e-5)
     np.testing.assert_allclose(float(m["grad_norm"]), float(ref_m["grad_norm"]), rtol=1e-5)

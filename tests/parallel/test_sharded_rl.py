@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from horizon.model import transformer
-from horizon.rl.maths import trainer
+from horizon.rl.algo import trainer
 from horizon.utils.config import load_config_file
 from tests.parallel.conftest import assert_adam_params_close
 

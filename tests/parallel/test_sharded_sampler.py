@@ -7,7 +7,7 @@ import pytest
 
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh, sharded
-from horizon.rl.rollout import sampler
+from horizon.inference import sampler
 from tests.parallel.conftest import mesh_cfg
 
 NEW = 5  # generated tokens per row (the decode step compiles once; few steps keep it fast)

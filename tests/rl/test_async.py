@@ -15,9 +15,10 @@ import pytest
 
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
-from horizon.rl import checks
-from horizon.rl.maths import trainer
-from horizon.rl.rollout import engine, sampler
+from horizon.rl.runtime import checks
+from horizon.rl.algo import trainer
+from horizon.inference import policy as engine_policy
+from horizon.inference import sampler
 from horizon.rl.runtime import async_loop, core as runtime, storage, workers
 from horizon.rl.runtime import weight_sync as ws
 from horizon.utils.config import load_config_file
@@ -116,10 +117,10 @@ def test_polling_without_a_switch_is_fixed_params_generate(inflight_env, kv_mode
 def test_toy_rollout_tags_tokens_and_builds_a_batch(inflight_env):
     cfg, p0, p1, _ = inflight_env
     from horizon.data.tokenizer import ByteTokenizer
-    from horizon.rl.maths import batch as rlbatch
+    from horizon.rl.algo import batch as rlbatch
 
     # the engine polls once when built and at every round-trip (<= 4 decode steps): version 1 from its second
-    pol = engine.rollout_policy(switching_poll(p0, p1, 2), cfg, jax.random.key(3), chunk_tokens=4)
+    pol = engine_policy.rollout_policy(switching_poll(p0, p1, 2), cfg, jax.random.key(3), chunk_tokens=4)
     trajs, rs, _ = workers.toy_rollout(dict(prompt_id="toy_1", slot=0, seed=0), pol, cfg, ByteTokenizer())
     b = rlbatch.build_batch_from_config([trajs], np.asarray([rs], np.float32), cfg)
     vers = b["policy_versions"][b["loss_mask"]]
@@ -144,7 +145,7 @@ def test_experiment_env_batches_slots_of_rl_py_task(inflight_env):
     ids = runtime.prompt_ids(c, 2)
     fam = family_from_config(c.exp)
     assert ids == [workers.experiment_prompt_id("config_edit", s) for s in fam.seeds("train", 2, c.exp.n_sft_tasks)]
-    pol = engine.rollout_policy(lambda: (p0, 7), c, jax.random.key(0), chunk_tokens=16)
+    pol = engine_policy.rollout_policy(lambda: (p0, 7), c, jax.random.key(0), chunk_tokens=16)
     env = workers.ENVS["experiment"](c)
     try:
         res = env.rollouts([dict(slot=i, prompt_id=x, seed=i) for i, x in enumerate(ids)], pol, ByteTokenizer())

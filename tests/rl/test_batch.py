@@ -5,7 +5,7 @@ import pytest
 
 from horizon.agent import Segment, Trajectory
 from horizon.data.tokenizer import ByteTokenizer
-from horizon.rl.maths import batch as rlbatch
+from horizon.rl.algo import batch as rlbatch
 
 TOK = ByteTokenizer()
 L, K, E = 2, 2, 8
@@ -177,7 +177,7 @@ def test_split_microbatches_refuses_a_chain_longer_than_a_micro_batch():
 
 @pytest.mark.parametrize("micro", [0, 2])
 def test_batch_shapes_match_built_batches(micro):
-    """`batch_shapes` (the abstract batch of horizon.rl.memory) has `build_batch`'s / the split's
+    """`batch_shapes` (the abstract batch of horizon.rl.runtime.memory) has `build_batch`'s / the split's
     fields, shapes and dtypes."""
     groups = make_groups(G=3, n_groups=2)
     b = build(groups, [[1.0, 0.0, 0.5], [0.0, 1.0, 1.0]])

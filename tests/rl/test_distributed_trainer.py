@@ -35,7 +35,7 @@ def _cfg(processes: int):
 
 def test_trainer_processes_must_divide_the_mesh():
     c = _cfg(3)
-    from horizon.rl.checks import validate_async
+    from horizon.rl.runtime.checks import validate_async
 
     with pytest.raises(ConfigError, match="trainer_processes=3: must divide the mesh's 8 devices"):
         validate_async(c)

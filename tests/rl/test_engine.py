@@ -1,4 +1,4 @@
-"""The rollout engine (horizon.rl.rollout.engine, SPEC §1, §4, §6; issue 24): the training forward's
+"""The rollout engine (horizon.inference.engine, SPEC §1, §4, §6; issue 24): the training forward's
 logprobs and routing, continuous batching == one-at-a-time `generate`, per-turn prefill of only the
 new tokens, one prefill per group, in-flight weight swaps, and the agent loop's independent path.
 
@@ -17,8 +17,9 @@ import pytest
 
 from horizon.model import transformer
 from horizon.model.params import numpy_init
-from horizon.rl.rollout import engine as E
-from horizon.rl.rollout import sampler
+from horizon.inference import engine as E
+from horizon.inference import policy as engine_policy
+from horizon.inference import sampler
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -248,7 +249,7 @@ def test_agent_episodes_advance_independently_on_the_engine(setup):
     c.agent.update(dict(max_new_tokens=24, max_malformed_calls=3, max_context_tokens=MAX_LEN,
                         trigger_tokens=MAX_LEN - 32, context_strategy="none", num_tool_workers=2))
     fam = family_from_config(c.exp)
-    policy = E.EnginePolicy(sampler.ParamsHolder(params), mcfg, jax.random.key(0), engine=EC)
+    policy = engine_policy.EnginePolicy(sampler.ParamsHolder(params), mcfg, jax.random.key(0), engine=EC)
     tasks = fam.tasks("train", 3)
     boxes = [open_sandbox("local") for _ in tasks]
     try:
@@ -283,7 +284,7 @@ def test_episode_samples_do_not_depend_on_scheduling(setup):
     obs = _prompts(1, 8, 9, seed=10)[0]
 
     def two_turns(episodes):
-        pol = E.EnginePolicy(sampler.ParamsHolder(params), mcfg, jax.random.key(7), engine=EC, stop_tokens=())
+        pol = engine_policy.EnginePolicy(sampler.ParamsHolder(params), mcfg, jax.random.key(7), engine=EC, stop_tokens=())
         st = pol.stream()
         for e in episodes:
             st.submit(e, ctxs[e], 6)
@@ -308,15 +309,15 @@ def test_rollout_policy_is_always_the_engine():
     """`rollout_policy` has no lockstep alternative: the RL and eval configs get an `EnginePolicy`
     (the eval config carries the run's sampler section), a multi-device mesh one that runs sharded
     (tests/rl/test_engine_mesh.py); a config without the engine's sizes is a one-line error."""
-    from horizon.rl.rollout.sampler import ParamsHolder
+    from horizon.inference.sampler import ParamsHolder
 
     assert not hasattr(E, "uses_engine") and not hasattr(sampler, "make_policy")
     c = load_config_file(ROOT / "configs" / "eval_tiny.py")
     c.rl.sampler.engine_slots = 8
-    pol = E.rollout_policy(ParamsHolder({}), c, jax.random.key(0))
-    assert isinstance(pol, E.EnginePolicy) and pol.engine.mesh is None and pol.engine.ec.slots == 8
+    pol = engine_policy.rollout_policy(ParamsHolder({}), c, jax.random.key(0))
+    assert isinstance(pol, engine_policy.EnginePolicy) and pol.engine.mesh is None and pol.engine.ec.slots == 8
     with pytest.raises(ValueError, match="rl.sampler section"):
-        E.rollout_policy(ParamsHolder({}), ml_collections.ConfigDict(dict(model=c.model)), jax.random.key(0))
+        engine_policy.rollout_policy(ParamsHolder({}), ml_collections.ConfigDict(dict(model=c.model)), jax.random.key(0))
 
 
 def test_engine_policy_batched_call_equals_generate_and_swaps_weights(setup):
@@ -325,7 +326,7 @@ def test_engine_policy_batched_call_equals_generate_and_swaps_weights(setup):
     mcfg, params, _ = setup
     prompts = _prompts(3, seed=4)
     holder = sampler.ParamsHolder(params)
-    policy = E.EnginePolicy(holder, mcfg, jax.random.key(0), engine=EC, stop_tokens=())
+    policy = engine_policy.EnginePolicy(holder, mcfg, jax.random.key(0), engine=EC, stop_tokens=())
     gens = policy(prompts, 8)
     _, sub = jax.random.split(jax.random.key(0))            # the first call's key split
     ref = sampler.generate(params, prompts, sub, cfg=mcfg, max_new_tokens=8, stop_tokens=(), **GEN)
@@ -424,7 +425,7 @@ def test_replicas_policy_swaps_weights_and_bad_sizes_raise(setup):
     are one-line errors before any compile."""
     mcfg, params, _ = setup
     holder = sampler.ParamsHolder(params)
-    policy = E.EnginePolicy(holder, mcfg, jax.random.key(0), engine=dataclasses.replace(EC, replicas=2), stop_tokens=())
+    policy = engine_policy.EnginePolicy(holder, mcfg, jax.random.key(0), engine=dataclasses.replace(EC, replicas=2), stop_tokens=())
     assert isinstance(policy.engine, E.EngineReplicas)
     prompts = _prompts(4, seed=9)
     gens = policy(prompts, 6)

@@ -1,4 +1,4 @@
-"""The rollout engine on a multi-device mesh (horizon.rl.rollout.engine, SPEC §2, §4; issue 24): params
+"""The rollout engine on a multi-device mesh (horizon.inference.engine, SPEC §2, §4; issue 24): params
 placed by the mesh rules, the slot cache split over the batch axes, and the same samples as the
 engine on one device with the same request keys — continuous batching, a group's prompt copied to its
 followers, an episode's cache swapped out and back in, later turns reusing their cache.
@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from horizon.model.params import numpy_init
 from horizon.parallel import mesh as pmesh
-from horizon.rl.rollout import engine as E
+from horizon.inference import engine as E
 from horizon.utils.config import ConfigError, load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -95,33 +95,33 @@ def test_engine_on_a_mesh_samples_what_one_device_samples(need8):
 def test_mesh_slots_must_divide_over_the_batch_ranks(need8):
     """4 slots over 8 data-parallel ranks: a one-line error at construction, and `validate_engine`
     names the field before any run starts."""
-    from horizon.rl import checks
+    from horizon.inference.config import validate_engine
 
     with pytest.raises(ValueError, match="multiple of the mesh's 8 data-parallel"):
         E.Engine(_cfg(data=8), params={}, engine=EC)
     c = load_config_file(ROOT / "configs" / "rl_tiny.py")
     c.mesh.update(dict(data=2, fsdp=2))
-    checks.validate_engine(c)
+    validate_engine(c)
     c.rl.sampler.engine_slots = 6
     with pytest.raises(ConfigError, match=r"rl\.sampler\.engine_slots=6: .*4 data-parallel"):
-        checks.validate_engine(c)
+        validate_engine(c)
 
 
 def test_engine_replicas_config_is_checked_before_a_run(need8):
     """`rl.sampler.engine_replicas`: slots must divide over the replicas, and replicas do not combine
     with a multi-device mesh (the engine is sharded over it); both name the field (`validate_engine`),
     and `EngineReplicas` refuses a mesh at construction."""
-    from horizon.rl import checks
+    from horizon.inference.config import validate_engine
 
     c = load_config_file(ROOT / "configs" / "rl_tiny.py")
     c.rl.sampler.engine_replicas = 2
-    checks.validate_engine(c)
+    validate_engine(c)
     c.rl.sampler.engine_slots = 7
     with pytest.raises(ConfigError, match=r"rl\.sampler\.engine_slots=7: .*engine_replicas=2"):
-        checks.validate_engine(c)
+        validate_engine(c)
     c.rl.sampler.engine_slots = 8
     c.mesh.update(dict(data=2))
     with pytest.raises(ConfigError, match=r"rl\.sampler\.engine_replicas=2: must be 1 with a multi-device mesh"):
-        checks.validate_engine(c)
+        validate_engine(c)
     with pytest.raises(ValueError, match="do not combine"):
         E.EngineReplicas(_cfg(data=2), params={}, engine=dataclasses.replace(EC, replicas=2))

@@ -113,7 +113,7 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
     experiment's tasks only; a malformed mix element is refused."""
     import copy
 
-    from horizon.env import selfsum as mod
+    from horizon.studies import selfsum as mod
 
     c = load_config_file(ROOT / "configs" / "selfsum_tiny.py")
     c.exp.n_sft_tasks, c.exp.demo_sandboxes, c.exp.demo_backend = 2, 2, "local"
@@ -172,7 +172,7 @@ def test_sft_remat_overrides_the_model_remat_for_sft_only(monkeypatch, tmp_path,
     """`exp.sft.remat` (when set) is the recompute SFT's LM step is built with; `model.remat` (the RL
     trainer's) is left as it was."""
     from horizon.model import transformer
-    from horizon.parallel import sharded
+    from horizon.train import lm
 
     c = load_config_file(ROOT / "configs" / "rl_tiny.py")
     c.model.remat = model_remat
@@ -184,7 +184,7 @@ def test_sft_remat_overrides_the_model_remat_for_sft_only(monkeypatch, tmp_path,
         seen.append(bool(sc.model.remat))
         raise RuntimeError("built")
 
-    monkeypatch.setattr(sharded, "make_lm_train_step", stop)
+    monkeypatch.setattr(lm, "make_train_step", stop)
     params = transformer.init(jax.random.PRNGKey(0), c.model)
     with pytest.raises(RuntimeError, match="built"):
         loop.run_sft(params, [], c, tmp_path, lambda r: None)

@@ -1,4 +1,4 @@
-"""Tests for horizon.rl.maths.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
+"""Tests for horizon.rl.algo.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
 
 import math
 import statistics
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from horizon.rl.maths import losses as L
+from horizon.rl.algo import losses as L
 from horizon.utils.config import load_config_file
 
 # Hand-computed values below are exact in f32 up to rounding: 1e-6 absolute.
@@ -581,7 +581,7 @@ def test_stale_caps_off_or_not_binding_are_bit_identical(agg, clip, mode):
 
 def test_stale_cap_validation():
     """A cap must be 0 (off) or > 1: the loss raises ValueError, the RL config check one ConfigError line."""
-    from horizon.rl.checks import validate_rl
+    from horizon.rl.runtime.checks import validate_rl
     from horizon.utils.config import ConfigError
 
     lp, samp, adv, mask = _stale_inputs()

@@ -1,4 +1,4 @@
-"""Pre-run memory check of the RL trainer step (issue 26, `horizon.rl.memory`): the largest batch
+"""Pre-run memory check of the RL trainer step (issue 26, `horizon.rl.runtime.memory`): the largest batch
 a run can produce, XLA's memory of the step compiled for it from abstract shapes, and the one-line
 error experiments/rl.py stops with before any sandbox, warm start or eval."""
 
@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from horizon.rl import memory
+from horizon.rl.runtime import memory
 from horizon.utils.config import ConfigError, load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ def test_full_rl_tiny_fits():
 
 
 def test_memory_check_fields_are_validated():
-    from horizon.rl.checks import validate_rl
+    from horizon.rl.runtime.checks import validate_rl
 
     c = _config("rl_tiny.py")
     steps = int(c.exp.steps)
@@ -132,7 +132,7 @@ def test_compiled_executables_released_only_past_the_mapping_share(capsys):
     c.rl.memory_check.mappings_fraction = 0.0
     assert memory.release_compiled_if_near_limit(c, tag="t: ") and f._cache_size() == 0
     assert "t: " in capsys.readouterr().out
-    from horizon.rl import checks
+    from horizon.rl.runtime import checks
     c.rl.memory_check.mappings_fraction = 1.5
     with pytest.raises(ConfigError, match="mappings_fraction"):
         checks.validate_experiment(c, None)

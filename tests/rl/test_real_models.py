@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from horizon.model import hf_import, transformer
+from horizon.model import hf, transformer
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def _hf_dir(tmp_path, *, tokenizer: pathlib.Path | None) -> pathlib.Path:
     c = load_config_file(ROOT / "configs" / "rl_tiny.py")
     c.model.vocab_size = 1024
     d = tmp_path / "hf"
-    hf_import.export_hf_checkpoint(transformer.init(jax.random.PRNGKey(3), c.model), c.model, d)
+    hf.export_hf_checkpoint(transformer.init(jax.random.PRNGKey(3), c.model), c.model, d)
     if tokenizer is not None:
         shutil.copy(tokenizer, d / "tokenizer.json")
     return d
@@ -55,12 +55,12 @@ def test_init_from_adds_missing_chat_specials_and_grows_the_vocabulary(tmp_path)
     c = load_config_file(ROOT / "configs" / "rl_tiny.py")
     c.model.init_from = str(d)
     with pytest.warns(UserWarning, match="added horizon's chat special tokens"):
-        hf_import.apply_init_from(c)
-    assert c.model.tokenizer.endswith(hf_import.CHAT_TOKENIZER_FILE) and c.model.init_from == str(d)
+        hf.apply_init_from(c)
+    assert c.model.tokenizer.endswith(hf.CHAT_TOKENIZER_FILE) and c.model.init_from == str(d)
     assert c.model.vocab_size == 1024                              # 300 + 8 specials fit the checkpoint's rows
     c.model.vocab_size = 1030                                      # a tokenizer larger than the checkpoint: rows grow
-    p = hf_import.pretrained_params(c, jax.random.PRNGKey(0))
-    ref = hf_import.load_pretrained(d, base=load_config_file(ROOT / "configs" / "rl_tiny.py").model)[1]
+    p = hf.pretrained_params(c, jax.random.PRNGKey(0))
+    ref = hf.load_pretrained(d, base=load_config_file(ROOT / "configs" / "rl_tiny.py").model)[1]
     assert p["embed"].shape == (1030, c.model.d_model) and p["lm_head"].shape == (c.model.d_model, 1030)
     np.testing.assert_array_equal(np.asarray(p["embed"][:1024]), np.asarray(ref["embed"]))
     assert 0 < float(np.std(np.asarray(p["embed"][1024:]))) < 0.1

@@ -1,4 +1,4 @@
-"""Tests for horizon.rl.maths.rewards (SPEC §4): length-penalty curve family, effort, hooks."""
+"""Tests for horizon.env.rewards (SPEC §4): length-penalty curve family, effort, hooks."""
 
 import math
 
@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from horizon.rl.maths import rewards as R
+from horizon.env import rewards as R
 from horizon.utils.config import load_config_file
 
 

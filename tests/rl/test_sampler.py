@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from horizon.model import layers, transformer
-from horizon.rl.rollout import sampler
+from horizon.inference import sampler
 from horizon.utils.config import load_config_file
 from horizon.model.params import numpy_init
 

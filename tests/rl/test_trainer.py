@@ -12,8 +12,8 @@ import pytest
 from horizon.agent import Segment, Trajectory
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
-from horizon.rl.maths import batch as rlbatch
-from horizon.rl.maths import trainer
+from horizon.rl.algo import batch as rlbatch
+from horizon.rl.algo import trainer
 from horizon.utils.config import load_config_file
 from horizon.model.params import numpy_init
 

@@ -196,7 +196,7 @@ def test_group_store_concurrent_writers_one_wins(tmp_path):
 
 def test_storage_url_protocol_is_checked():
     """`async_.storage_url` (configs/rl_async.py): "" = the run dir; a URL's protocol must import here."""
-    from horizon.rl.checks import validate_async, validate_storage_url
+    from horizon.rl.runtime.checks import validate_async, validate_storage_url
     from horizon.rl.runtime.async_loop import data_root
     from horizon.utils.config import ConfigError
 

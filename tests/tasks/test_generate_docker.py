@@ -19,7 +19,8 @@ import uuid
 
 import pytest
 
-from horizon.tasks import generate, mutate, open_task_sandbox, repos, swebench, verify
+from horizon.taskgen import generate, mutate, repos
+from horizon.tasks import open_task_sandbox, swebench, verify
 
 pytestmark = pytest.mark.docker
 RUN_ID = uuid.uuid4().hex[:8]

@@ -1,10 +1,10 @@
-"""AST bug injection (horizon.tasks.mutate): every kind, determinism, inverse diffs (no Docker)."""
+"""AST bug injection (horizon.taskgen.mutate): every kind, determinism, inverse diffs (no Docker)."""
 
 import subprocess
 
 import pytest
 
-from horizon.tasks import mutate
+from horizon.taskgen import mutate
 
 MODULE = '''"""A small module: 10 kinds of mutation find a site here."""
 

@@ -3,7 +3,7 @@ test-file exclusion, flaky screening, the kept-iff verdict, problem statements, 
 
 import pytest
 
-from horizon.tasks import generate, mutate, repos
+from horizon.taskgen import generate, mutate, repos
 from horizon.tasks.task import TaskError
 
 SPEC = repos.RepoSpec("demo", "1.0", "demo-1.0.tar.gz", "0" * 64, ("tests",), ("src/demo",))

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from jaxtyping import Bool, Float, Int
+from horizon.tools.format import tool_format
 
 ROLES = ("system", "user", "assistant", "observation")
 
@@ -80,8 +81,6 @@ class Rendered:
 def system_prompt(registry, fmt=None) -> str:
     """The system message: the task framing, the tool-call format's instructions (`fmt`, a
     `horizon.tools.format.ToolCallFormat`; default the horizon format) and the tools' specs."""
-    from horizon.tools.format import tool_format  # noqa: PLC0415
-
     return SYSTEM_TEMPLATE.format(format=(fmt or tool_format()).instructions, tools=registry.spec_text())
 
 

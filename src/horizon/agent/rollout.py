@@ -8,11 +8,7 @@ of `Segment`s: a new segment starts whenever the context is rewritten (summary o
 window drop); each generated token is in the loss mask of the segment it was generated in, and
 only there: turns kept across a rewrite are that segment's context (`prompt.carry_over`).
 
-Stats (exact keys, see AGENT_TASK_CONTRACT.md): every generated token is counted in
-exactly one of thinking_tokens (`<think>` blocks, and all summary-turn tokens),
-tool_call_tokens (the rest of call turns and of malformed turns) and final_tokens
-(the rest of the final turn); tool_output_tokens counts observation tokens; summary_tokens
-counts the summary turns' tokens again on their own (the cost SPEC §6 compares).
+Stats: `horizon.agent.stats.STATS_KEYS`, counted per episode as that module says.
 
 End reasons: "final", "max_turns", "token_budget" (generated tokens over the chain),
 "malformed" (max_malformed_calls unparsable turns), "context_full" (the hard context
@@ -33,34 +29,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
+from horizon.agent.stats import STATS_KEYS
 from horizon.agent.prompt import Message, carry_over, render, system_prompt, task_text
 from horizon.agent.summarize import (STRATEGIES, ContextState, make_strategy, validate_strategy_options,
                                      with_context_note)
-from horizon.tools.format import FORMATS, ParseError, tool_format
-from horizon.rl.maths.rewards import STATS_KEYS
+from horizon.inference.policy import Generation, Policy
 from horizon.sandbox.base import SandboxInfraError, SandboxResourceError
+from horizon.tools.format import FORMATS, ParseError, tool_format
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
 from horizon.utils.config import need, need_choice, need_float, need_int
+from horizon.data.tokenizer import ByteTokenizer
+from horizon.tools.builtin import registry_for
 
 INFRA_END = "infra"          # the one end reason that is not the policy's (module docstring)
 RESOURCE_END = "resource"
-
-
-@dataclasses.dataclass
-class Generation:
-    """One generated turn from the policy. Generation stops at END_TURN/EOS (included)."""
-
-    tokens: Int[np.ndarray, "m"]
-    logprobs: Float[np.ndarray, "m"]
-    router_indices: Any = None          # int32[L_moe, m, k] or None
-    policy_version: Any = 0             # int, or int32[m] per token (in-flight weight updates)
-
-    def versions(self) -> np.ndarray:
-        v = np.asarray(self.policy_version, np.int32)
-        return np.full(len(self.tokens), int(v), np.int32) if v.ndim == 0 else v
-
-
-Policy = Callable[[list, int], list]   # policy(contexts: list[int32[n]], max_new_tokens) -> list[Generation]
 
 
 @dataclasses.dataclass
@@ -374,12 +356,12 @@ def run_episodes(policy: Policy, episodes: Sequence[Episode], *, max_steps: int 
       distinct generation limit over every active episode, then all tool calls (in
       `num_tool_workers` threads); the slowest episode gates the round. What scripted policies (SFT
       demonstrators, `eval.harness.scripted_policy`) and other plain callables get.
-    * **independent** (a policy with ``stream()``, `horizon.rl.rollout.engine.EnginePolicy`): every
+    * **independent** (a policy with ``stream()``, `horizon.inference.policy.EnginePolicy`): every
       episode's turn is submitted as soon as its previous tool call returned; the stream's
       ``advance()`` (one engine round-trip) hands back finished generations, whose tool calls run at
       once in a bounded pool of `num_tool_workers` threads while the engine decodes the others;
       a finished episode's cache is released (`_run_independent`). What every RL and eval caller
-      gets (`horizon.rl.rollout.engine.rollout_policy`, on one device or a mesh).
+      gets (`horizon.inference.policy.rollout_policy`, on one device or a mesh).
     """
     if max_steps is None:
         max_steps = max((episode_step_limit(e.cfg) for e in episodes), default=0)
@@ -485,9 +467,6 @@ def rollout(policy: Policy, task, sandbox, cfg, *, registry: ToolRegistry | None
             tokenizer=None, max_steps: int | None = None) -> Trajectory:
     """One episode of `task` in `sandbox` (left open for the verifier; the caller closes it).
     `cfg` is the `agent` sub-config."""
-    from horizon.data.tokenizer import ByteTokenizer
-    from horizon.tools.builtin import registry_for
-
     registry = registry if registry is not None else registry_for(cfg, getattr(task, "kind", None))
     ep = Episode(task, sandbox, registry, tokenizer or ByteTokenizer(), cfg)
     return run_episodes(policy, [ep], max_steps=max_steps)[0]

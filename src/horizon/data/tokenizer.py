@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
+from horizon.utils.config import ConfigError
 
 NUM_BYTES = 256
 ROLES = ("system", "user", "assistant", "observation")
@@ -328,8 +329,6 @@ def load_tokenizer(spec: str, vocab_size: int | None = None) -> Tokenizer:
 def validate_tokenizer(m) -> None:
     """`model.tokenizer` (a model config section) loads and fits `model.vocab_size`: raises
     `ConfigError` naming the field (drivers call it before any expensive work)."""
-    from horizon.utils.config import ConfigError  # noqa: PLC0415
-
     spec = str(m.get("tokenizer", "byte"))
     try:
         load_tokenizer(spec, int(m.vocab_size))

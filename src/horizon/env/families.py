@@ -36,6 +36,9 @@ from typing import Callable
 from horizon.sandbox.base import WORKSPACE
 from horizon.tasks import key_recall, synthetic
 from horizon.tasks.task import Task
+from horizon.tasks.swebench import load_swebench
+from horizon.tools.builtin import make_registry
+from horizon.agent import Episode
 
 FAMILIES = ("config_edit", "key_recall", "key_relay", "swebench")
 HELDOUT_SEED_BASE = 1 << 30          # swebench: seeds >= this index the held-out file
@@ -62,8 +65,6 @@ class Family:
 
 @functools.lru_cache(maxsize=8)
 def _swebench_tasks(path: str) -> tuple[Task, ...]:
-    from horizon.tasks.swebench import load_swebench
-
     return tuple(load_swebench(path))
 
 
@@ -78,8 +79,6 @@ def swebench_reset(sandbox, task: Task, timeout: float = 60.0) -> None:
 
 def swebench_family(t) -> Family:
     """The ``swebench`` family over `t.train_path` / `t.heldout_path` (module docstring)."""
-    from horizon.tools.builtin import make_registry
-
     train = _swebench_tasks(str(t.train_path))
     heldout = _swebench_tasks(str(t.heldout_path)) if t.get("heldout_path") else ()
     if not train:
@@ -125,8 +124,6 @@ def family_from_config(e) -> Family:
 
 def make_episode(family: Family, task: Task, sandbox, tok, agent_cfg):
     """An `Episode` of `task` with the family's system prompt and tools."""
-    from horizon.agent import Episode
-
     # family.system_prompt "" = the agent's own system prompt
     return Episode(task, sandbox, family.registry(bool(agent_cfg.strict_tools)), tok, agent_cfg,
                    system_text=family.system_prompt)

@@ -12,8 +12,8 @@
   a group still failing comes back marked (`group_failed`) for `horizon.rl.runtime.core` to
   replace with a fresh prompt's group (issue 21: infrastructure is never the policy's reward);
 - `ExperimentEnv`: an experiment config's family and a pool, made on first use and closed by
-  its owner (the sync loop and each async rollout worker hold one); `eval_setup` lends the pool
-  to the eval harness (one evaluator).
+  its owner (the sync loop and each async rollout worker hold one); the eval harness borrows its
+  pool (`horizon.eval.harness.pooled_setup`: one evaluator).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ import numpy as np
 
 from horizon.agent import Segment, run_episodes
 from horizon.env.families import Family, family_from_config, make_episode
-from horizon.rl.maths import rewards
+from horizon.env import rewards
+from horizon.sandbox import open_sandbox
 from horizon.sandbox.base import SandboxError, SandboxInfraError
+from horizon.sandbox.docker import cleanup_leaked, install_cleanup_hooks
 from horizon.tasks import verify
 
 
@@ -39,8 +41,6 @@ class SandboxPool:
 
     def __init__(self, n: int, backend: str, *, cpus: float, mem: str, workers: int, image: str,
                  disk_mb: int = 0, replace_attempts: int = 3):
-        from horizon.sandbox import open_sandbox
-
         self.workers = int(workers)
         self.replace_attempts = int(replace_attempts)
         limits = dict(cpus=float(cpus), mem_limit=str(mem)) if backend == "docker" else {}
@@ -48,8 +48,6 @@ class SandboxPool:
             limits["disk_limit_mb"] = int(disk_mb)
         image = image if backend == "docker" else None
         if backend == "docker":   # sandboxes are made in worker threads: install SIGTERM cleanup here
-            from horizon.sandbox.docker import cleanup_leaked, install_cleanup_hooks
-
             install_cleanup_hooks()
             # containers of processes on this host that died without cleaning up (SIGKILL, e.g. a
             # killed rollout worker) would hold memory and disk for the rest of the run
@@ -228,34 +226,6 @@ class ExperimentEnv:
             for x in out[i][2]:
                 x["group_failed"] = True
         return out
-
-    def eval_setup(self, tok, passes: int):
-        """A `horizon.eval.harness.EvalSetup` that runs the harness in this env's pooled sandboxes:
-        `open_fn` lends a free sandbox reset for the task, `release_fn` takes it back; episodes and
-        verification are the family's (the RL loop's periodic eval, `loop.heldout_evaluator`)."""
-        import queue
-
-        from horizon.eval.harness import EvalSetup
-
-        c, fam, pool = self.cfg, self.family, self.pool
-        free: queue.SimpleQueue = queue.SimpleQueue()
-        lent: dict[int, int] = {}       # id(box) -> its pool index
-        for i in range(len(pool.boxes)):
-            free.put(i)
-
-        def lend(task):
-            i = free.get_nowait()       # the harness never opens more than max_parallel = the pool's size
-            sb = pool.ready(i, lambda b: fam.reset(b, task), task_image(fam, task))
-            lent[id(sb)] = i
-            return sb
-
-        def give_back(sb):
-            free.put(lent.pop(id(sb)))
-
-        return EvalSetup(agent_cfg=c.agent, tokenizer=tok, registry_fn=None, num_passes=int(passes),
-                         max_parallel=len(pool.boxes), backend=str(c.exp.backend),
-                         verify_timeout_s=float(c.exp.verify_timeout_s), open_fn=lend, release_fn=give_back,
-                         episode_fn=lambda t, sb: make_episode(fam, t, sb, tok, c.agent), check_edits=fam.check_edits)
 
     def close(self) -> None:
         if self._pool is not None and self._owns_pool:

@@ -12,12 +12,11 @@
 from __future__ import annotations
 
 from typing import Sequence
+from horizon.tasks import changed_files
 
 
 def eager_edit(task, sandbox) -> list[str]:
     """Workspace files changed versus `task.files` (empty list = no edit). Errors -> ["<error: ...>"]."""
-    from horizon.tasks import changed_files
-
     try:
         return changed_files(task, sandbox)
     except Exception as e:  # noqa: BLE001 - a broken sandbox is reported, not raised

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import queue
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,10 +38,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from horizon.agent import STATS_KEYS, Episode, ScriptedPolicy, episode_step_limit, run_episodes
+from horizon.env.families import make_episode as family_episode
+from horizon.env.rollouts import task_image
 from horizon.eval import behaviour
-
-Policy = Callable[[list, int], list]
-
+from horizon.inference.policy import Policy, rollout_policy
+from horizon.inference.sampler import ParamsHolder
+from horizon.model import hf, transformer
+from horizon.tasks import open_task_sandbox, verify
+from horizon.train.checkpoint import restore_params
+from horizon.utils.seeds import run_keys
 
 # ------------------------------------------------------------------------------------ estimators
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -65,10 +71,7 @@ def inference_flops(active_params: int, tokens: int) -> float:
 # ------------------------------------------------------------------------------------ policies
 def policy_from_params(params: dict, cfg, key, **sampler_overrides) -> Policy:
     """Sampling policy over an in-memory param tree: the rollout engine
-    (`horizon.rl.rollout.engine.rollout_policy`; sharded over `cfg`'s mesh if it has several devices)."""
-    from horizon.rl.rollout.engine import rollout_policy
-    from horizon.rl.rollout.sampler import ParamsHolder
-
+    (`horizon.inference.policy.rollout_policy`; sharded over `cfg`'s mesh if it has several devices)."""
     return rollout_policy(ParamsHolder(params), cfg, key, **sampler_overrides)
 
 
@@ -77,14 +80,10 @@ def load_params(ckpt_dir: str, cfg, key=None) -> tuple[dict, dict]:
     any `Checkpointer` dir whose `state` holds params). `""` = the run's starting params from `key`
     (default: the RL drivers' init key of `cfg.seed`): `model.init_from`'s HF checkpoint if set, else
     the untrained init; meta {"step": 0}."""
-    from horizon.model import hf_import, transformer
-    from horizon.train.checkpoint import restore_params
-    from horizon.utils.seeds import run_keys
-
     if not ckpt_dir:
         key = run_keys(cfg.seed)["init"] if key is None else key
         if str(cfg.model.get("init_from", "") or ""):
-            return hf_import.pretrained_params(cfg, key), {"step": 0, "source": str(cfg.model.init_from)}
+            return hf.pretrained_params(cfg, key), {"step": 0, "source": str(cfg.model.init_from)}
         return transformer.init(key, cfg.model), {"step": 0, "source": "init"}
     return restore_params(ckpt_dir, cfg.model)
 
@@ -100,8 +99,7 @@ class EvalSetup:
     """What the harness needs besides the policy. `registry_fn(task)` gives the task's tool set;
     `open_fn(task)` opens its sandbox (default: `open_task_sandbox(task, backend)`) and
     `release_fn(sandbox)` gives it back (default: close it) — hooks that let an environment lend
-    its pooled sandboxes (`horizon.env.rollouts.ExperimentEnv.eval_setup`, the RL loop's periodic
-    eval); `episode_fn(task, sandbox)`, if set, builds the episode instead of `make_episode`;
+    its pooled sandboxes (`pooled_setup`, the RL loop's periodic eval); `episode_fn(task, sandbox)`, if set, builds the episode instead of `make_episode`;
     `check_edits`: the verifier's eager-edit check and the `eager_edit` behaviour flag;
     `infra_retries`: times an episode whose sandbox failed (end reason "infra" or a verifier
     `infra_error`) is run again on a fresh sandbox before the eval stops with an error — an
@@ -122,6 +120,31 @@ class EvalSetup:
     episode_fn: Callable | None = None
     check_edits: bool = True
     infra_retries: int = 2
+
+
+def pooled_setup(env, tok, passes: int) -> EvalSetup:
+    """An `EvalSetup` that runs the harness in the pooled sandboxes of `env` (an `ExperimentEnv`):
+    `open_fn` lends a free sandbox reset for the task, `release_fn` takes it back; episodes and
+    verification are the family's (the RL loop's periodic eval, `loop.heldout_evaluator`)."""
+    c, fam, pool = env.cfg, env.family, env.pool
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    lent: dict[int, int] = {}       # id(box) -> its pool index
+    for i in range(len(pool.boxes)):
+        free.put(i)
+
+    def lend(task):
+        i = free.get_nowait()       # the harness never opens more than max_parallel = the pool's size
+        sb = pool.ready(i, lambda b: fam.reset(b, task), task_image(fam, task))
+        lent[id(sb)] = i
+        return sb
+
+    def give_back(sb):
+        free.put(lent.pop(id(sb)))
+
+    return EvalSetup(agent_cfg=c.agent, tokenizer=tok, registry_fn=None, num_passes=int(passes),
+                     max_parallel=len(pool.boxes), backend=str(c.exp.backend),
+                     verify_timeout_s=float(c.exp.verify_timeout_s), open_fn=lend, release_fn=give_back,
+                     episode_fn=lambda t, sb: family_episode(fam, t, sb, tok, c.agent), check_edits=fam.check_edits)
 
 
 def make_episode(task, sandbox, setup: EvalSetup) -> Episode:
@@ -161,7 +184,7 @@ class _DoneClock:
 
 
 class _ClockStream:
-    """An engine stream (`horizon.rl.rollout.engine.EngineStream`) whose round-trips stamp `clock`."""
+    """An engine stream (`horizon.inference.policy.EngineStream`) whose round-trips stamp `clock`."""
 
     def __init__(self, clock: _DoneClock, stream):
         self.clock, self.inner = clock, stream
@@ -187,13 +210,10 @@ class _ClockStream:
 def _open(setup: EvalSetup, task):
     if setup.open_fn is not None:
         return setup.open_fn(task)
-    from horizon.tasks import open_task_sandbox
     return open_task_sandbox(task, backend=setup.backend)
 
 
 def _finish_one(setup: EvalSetup, task, sb, traj) -> dict:
-    from horizon.tasks import verify
-
     if traj.infra:
         return dict(infra=traj.failure)
     t = time.perf_counter()

@@ -10,17 +10,26 @@ from horizon.data.tokenizer import validate_tokenizer
 from horizon.agent import validate_agent_config
 from horizon.model import transformer
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
+from horizon.tasks.synthetic import make_synthetic_tasks
+from horizon.tasks import load_tasks
+from horizon.tasks.swebench import load_swebench
+from horizon.tasks import open_task_sandbox
+from horizon.agent.scripted import ScriptedPolicy
+from horizon.tools.format import render_final
+from horizon.tasks.swebench import apply_patch
+from horizon.tasks.synthetic import synthetic_registry
+from horizon.tools.builtin import registry_for
+from horizon.tasks.synthetic import SYSTEM_PROMPT
+from horizon.parallel.mesh import validate_mesh
 
 
 def build_tasks(e):
     """The eval task list from `c.eval` (see configs/eval_tiny.py)."""
     if e.task_source == "synthetic":
-        from horizon.tasks.synthetic import make_synthetic_tasks
         opts = e.get("task_options") or {}
         return make_synthetic_tasks(e.task_split, int(e.num_tasks), int(e.task_start),
                                     **{k: tuple(v) if isinstance(v, list) else v for k, v in dict(opts).items()})
     if e.task_source == "envs":
-        from horizon.tasks import load_tasks
         tasks = load_tasks(e.tasks_root, split=e.task_split or None)
         if e.task_ids:
             by_id = {t.id: t for t in tasks}
@@ -30,7 +39,6 @@ def build_tasks(e):
             return [by_id[i] for i in e.task_ids]
         return tasks[: int(e.num_tasks)] if int(e.num_tasks) > 0 else tasks
     if e.task_source == "swebench":
-        from horizon.tasks.swebench import load_swebench
         tasks = load_swebench(str(e.task_path))
         return tasks[: int(e.num_tasks)] if int(e.num_tasks) > 0 else tasks
     raise ConfigError(f"eval.task_source={e.task_source!r}: must be 'synthetic', 'envs' or 'swebench'")
@@ -47,11 +55,6 @@ def patch_policy(kind: str, tokenizer, setup):
     opens each task's sandbox as `setup` does and, for @gold, applies the task's gold patch."""
     import dataclasses
 
-    from horizon.tasks import open_task_sandbox
-
-    from horizon.agent.scripted import ScriptedPolicy
-    from horizon.tools.format import render_final
-
     if kind not in PATCH_POLICIES:
         raise ConfigError(f"eval.checkpoints: unknown patch policy {kind!r} (one of {PATCH_POLICIES})")
     pol = ScriptedPolicy({"": [render_final("Done.")]}, tokenizer)
@@ -61,7 +64,6 @@ def patch_policy(kind: str, tokenizer, setup):
     def open_patched(task):
         sb = base_open(task)
         if kind == "@gold":
-            from horizon.tasks.swebench import apply_patch
             r = apply_patch(sb, task.metadata["patch"])
             if not r.ok:
                 sb.close()
@@ -78,11 +80,9 @@ def task_repo(task) -> str:
 def registry_fn_for(c):
     """task -> ToolRegistry for `eval.tool_set`."""
     if c.eval.tool_set == "synthetic":
-        from horizon.tasks.synthetic import synthetic_registry
         reg = synthetic_registry(strict=bool(c.agent.strict_tools))
         return lambda task: reg
     if c.eval.tool_set == "agent":
-        from horizon.tools.builtin import registry_for
         return lambda task: registry_for(c.agent, task.kind)
     raise ConfigError(f"eval.tool_set={c.eval.tool_set!r}: must be 'synthetic' or 'agent'")
 
@@ -90,7 +90,6 @@ def registry_fn_for(c):
 def system_prompt_for(c) -> str | None:
     """The system prompt `eval.system_prompt` names (None = the agent's own)."""
     if c.eval.system_prompt == "synthetic":
-        from horizon.tasks.synthetic import SYSTEM_PROMPT
         return SYSTEM_PROMPT
     if c.eval.system_prompt:
         raise ConfigError(f"eval.system_prompt={c.eval.system_prompt!r}: must be 'synthetic' or ''")
@@ -118,12 +117,9 @@ def validate_eval_config(c) -> None:
     validate_tokenizer(c.model)
     validate_agent_config(c.agent, max_seq_len=int(c.model.max_seq_len))
     if "mesh" in c:                                  # sampling runs sharded over it
-        from horizon.parallel.mesh import validate_mesh
 
         validate_mesh(c, power_of_two_ranks=True)
     if "rl" in c and "sampler" in c.rl:              # the sampler section of the run it evaluates (the engine)
-        from horizon.rl.checks import validate_engine
-
         validate_engine(c)
     e = c.eval
     need_choice(e, "task_source", "eval", ("synthetic", "envs", "swebench"))

@@ -14,7 +14,7 @@ Routing for a token with hidden ``x`` (router math in float32, as HF)::
 
 Expert compute is a grouped GEMM: the ``T*k`` (token, expert) assignments are sorted by expert
 (`expert_order`: a stable argsort, or a counting sort where that is faster), ``group_sizes =
-bincount(expert)``, and each of the three expert GEMMs is one grouped GEMM (`horizon.model.grouped`:
+bincount(expert)``, and each of the three expert GEMMs is one grouped GEMM (`horizon.quant.grouped`:
 `ragged_dot` semantics, FLOPs proportional to the routed rows) through `expert_matmul` (the hook for
 low-precision recipes, SPEC §3). Outputs are
 weighted by ``g`` and scatter-added back to their tokens.
@@ -40,7 +40,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.model import grouped, layers
+from horizon.model import layers
+from horizon.quant import grouped
+from horizon.quant.qmoe import quantized_ragged_dot
 
 PRECISIONS_IMPLEMENTED = ("bf16", "default")
 PRECISIONS_PLANNED = ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd")
@@ -95,7 +97,7 @@ def expert_matmul(
     """Grouped GEMM over expert-sorted rows: rows ``[sum(gs[:e]), sum(gs[:e+1]))`` use ``w[e]``.
 
     ``precision`` selects the recipe (SPEC §3): "bf16"/"default" is the grouped GEMM
-    (`horizon.model.grouped.grouped_matmul`, `ragged_dot` semantics at the routed rows' FLOPs) in the
+    (`horizon.quant.grouped.grouped_matmul`, `ragged_dot` semantics at the routed rows' FLOPs) in the
     compute dtype; the block-scaled recipes ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd") go through
     `horizon.quant.qmoe.quantized_ragged_dot` (custom VJP: quantized forward, MXFP8 backward).
     ``division``/``approx_bits`` select IEEE vs approximate-reciprocal scale division (ablation);
@@ -104,8 +106,6 @@ def expert_matmul(
     if precision in PRECISIONS_IMPLEMENTED:
         return grouped.grouped_matmul(x, w.astype(x.dtype), group_sizes, impl=impl)
     if precision in PRECISIONS_PLANNED:
-        from horizon.quant.qmoe import quantized_ragged_dot  # lazy: quant is optional on the bf16 path
-
         return quantized_ragged_dot(x, w, group_sizes, precision=precision, division=division,
                                     approx_bits=approx_bits)
     raise ValueError(f"unknown moe_precision {precision!r}; expected {PRECISIONS_IMPLEMENTED + PRECISIONS_PLANNED}")

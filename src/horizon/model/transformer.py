@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.model import grouped, layers, mla, moe, rope
+from horizon.model import layers, mla, moe, rope
+from horizon.quant import grouped
 from horizon.utils.config import ConfigError
 
 

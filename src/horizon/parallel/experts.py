@@ -48,6 +48,7 @@ from jaxtyping import Array, Float, Int
 
 from horizon.model import layers, moe
 from horizon.parallel import mesh as pmesh
+from horizon.quant import formats
 
 IMPL_NAME = "expert_parallel"
 DISPATCH_KINDS = ("padded", "ragged")
@@ -85,8 +86,6 @@ def _a2a(x: Array) -> Array:
 @jax.custom_vjp
 def _a2a_mxfp8(x: Array) -> Array:
     """all-to-all of an MXFP8-quantized payload (dequantized to x's dtype on arrival)."""
-    from horizon.quant import formats
-
     q = formats.quantize_mxfp8(x)
     vals = jax.lax.bitcast_convert_type(q.values, jnp.uint8)   # transport raw bytes
     scales = jax.lax.bitcast_convert_type(q.scales, jnp.uint8)

@@ -37,6 +37,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from horizon.model import transformer
+from horizon.utils.config import need
+from horizon.utils.config import need_int
 
 DATA, FSDP, EXPERT, CONTEXT = "data", "fsdp", "expert", "context"
 AXES = (DATA, FSDP, EXPERT, CONTEXT)
@@ -75,8 +77,6 @@ def require_one_device(c) -> None:
     """Refuse a `mesh` section that asks for more than one device in a driver that does not build
     its mesh from the config yet (SPEC §2; the experiments run on one device until they do): a
     mesh override there would be silently ignored. Raises `ConfigError` naming the field."""
-    from horizon.utils.config import need
-
     if "mesh" not in c:
         return
     m = c.mesh
@@ -91,8 +91,6 @@ def validate_mesh(c, *, power_of_two_ranks: bool = False) -> None:
     needing at most the devices this process has; with `power_of_two_ranks` (drivers that bucket
     batches to powers of two: RL, the sampler) a power-of-two data*fsdp*expert. Raises `ConfigError`
     naming the field."""
-    from horizon.utils.config import need, need_int
-
     m = c.mesh
     if m.preset:
         need(m.preset in PRESETS, "mesh.preset", m.preset, f"must be '' or one of {sorted(PRESETS)}")

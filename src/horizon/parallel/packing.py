@@ -27,6 +27,7 @@ import heapq
 from typing import Sequence
 
 import numpy as np
+from horizon.model import params as model_params
 
 METHODS = ("round_robin", "lpt", "kk")
 ROW_ORDER_METHODS = ("none", "round_robin", "lpt")   # `balanced_row_order` (equal rows per rank)
@@ -223,8 +224,6 @@ def model_cost_model(model_cfg) -> CostModel:
     ``a = 2 * (active params - embedding table)`` per token (every matmul), and
     ``b = layers * heads * (qk_head_dim + v_head_dim)`` per token pair (QK^T and PV over the
     ``n^2 / 2`` causal pairs, 2 FLOPs each)."""
-    from horizon.model import params as model_params  # noqa: PLC0415  (jax: only where a model is costed)
-
     m = model_cfg
     active = model_params.count_params(m)["active"] - int(m.vocab_size) * int(m.d_model)
     qk = int(m.qk_nope_head_dim) + int(m.qk_rope_head_dim)

@@ -5,20 +5,20 @@
 when the model has experts and ``expert > 1`` or ``context > 1`` (the EP block keeps the MoE layer
 local to each device's tokens; with ``expert == 1`` it does no all-to-all).
 
-LM step with CP: the batch arrives in natural order, sharded over the batch axes; inside the jitted
+LM step with CP (`horizon.train.lm.make_train_step`, `mesh_losses`): the batch arrives in natural order, sharded over the batch axes; inside the jitted
 step the next-token targets and weights are computed in natural order (`loss.next_token_targets`),
 then tokens, positions, segment ids, targets and weights are permuted to the zigzag layout and
 constrained to ``P(batch, context)``; the model runs in that layout and the token-sum loss is
 permutation invariant. MTP needs natural-order shifts and is refused with CP > 1.
 
-RL step (`horizon.rl.maths.trainer.train_step` with a mesh, from ``configure(cfg, cp_layout="natural")``
+RL step (`horizon.rl.algo.trainer.train_step` with a mesh, from ``configure(cfg, cp_layout="natural")``
 and `state_shardings`): its loss shifts logits in natural order, so with CP it runs the model with
 ``cp_layout = "natural"`` (the attention permutes around itself; correct, two extra reshuffles per
 layer).
 
 All step functions enter ``jax.set_mesh(mesh)`` so the shard_map bodies find the mesh.
 
-Sampling (`horizon.rl.rollout.sampler.generate` with a config whose mesh has several devices) runs
+Sampling (`horizon.inference.sampler.generate` with a config whose mesh has several devices) runs
 unchanged on sharded inputs. Params are placed by the same rules (`place_params`), the padded prompt block, lengths and the latent
 KV cache ``[L, b, slots, r]`` are split over the batch axes (the cache's ``r`` also over ``context``), and the sampler's jitted prefill / decode
 step are then partitioned by GSPMD from those input shardings (FSDP weights are all-gathered per
@@ -38,11 +38,9 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from horizon.model import loss as lm_loss
 from horizon.model import transformer
 from horizon.parallel import context, experts  # noqa: F401  (register the shard_map implementations)
 from horizon.parallel import mesh as pmesh
-from horizon.train import lm
 
 
 def _unlocked_copy(cfg) -> ml_collections.ConfigDict:
@@ -73,35 +71,13 @@ def cp_size(cfg) -> int:
     return pmesh.mesh_sizes(cfg.mesh)["context"]
 
 
-def lm_losses(params: Any, batch: lm.Batch, *, cfg, mesh) -> tuple[jax.Array, dict]:
-    """`lm.losses` for a configured cfg (the `loss_fn` of `lm.train_step` / `lm.eval_step` on a
-    mesh); with CP the model runs in the zigzag layout."""
-    cp = cp_size(cfg)
-    if cp == 1:
-        return lm.losses(params, batch, cfg=cfg)
-    tokens, seg, pos, mask = batch["tokens"], batch["segment_ids"], batch["positions"], batch["mask"]
-    S = tokens.shape[1]
-    if S % (2 * cp):
-        raise ValueError(f"seq_len {S} must be divisible by 2*context={2 * cp} for the zigzag layout")
-    tgt, w = lm_loss.next_token_targets(tokens, mask, seg)
-    sh = NamedSharding(mesh, P(pmesh.BATCH_AXES, pmesh.SEQ_AXIS))
-    zz = [jax.lax.with_sharding_constraint(context.zigzag_permute(a, cp), sh) for a in (tokens, seg, pos, tgt, w)]
-    tokens_z, seg_z, pos_z, tgt_z, w_z = zz
-    logits, aux = transformer.forward(params, tokens_z, cfg=cfg.model, positions=pos_z, segment_ids=seg_z)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, tgt_z[..., None], axis=-1)[..., 0]
-    count = w_z.sum()
-    ce = jnp.sum(nll * w_z) / jnp.maximum(count, 1.0)
-    return ce, {"loss": ce, "tokens": count, "router_load": aux["router_load"]}
-
-
 def state_shardings(state_shapes: Any, params_shapes: Any, cfg, mesh) -> Any:
     """Shardings of a train state: params by the rules, optimizer moments like their params."""
     ps = pmesh.param_shardings(params_shapes, cfg, mesh)
     return pmesh.tree_shardings_like_params(state_shapes, ps, mesh)
 
 
-def _with_mesh(fn: Callable, mesh) -> Callable:
+def with_mesh(fn: Callable, mesh) -> Callable:
     def run(*args):
         with jax.set_mesh(mesh):
             return fn(*args)
@@ -120,28 +96,6 @@ def compiled_collectives(step: Callable, *args) -> dict[str, int]:
     return collective_bytes(step.lower(*args).compile().as_text())
 
 
-def make_lm_train_step(cfg, mesh, state_shapes: lm.TrainState, *, with_grads: bool = False):
-    """(step(state, batch) -> (state, metrics), state shardings, batch sharding) for one mesh.
-
-    `cfg` is the unconfigured config (``cfg.mesh`` decides the paths); the step donates nothing."""
-    c = configure(cfg)
-    st_sh = state_shardings(state_shapes, state_shapes.params, c, mesh)
-    b_sh = pmesh.batch_sharding(mesh)
-    metrics_sh = None  # let XLA pick (scalars end up replicated)
-    fn = jax.jit(partial(lm.train_step, cfg=c, loss_fn=partial(lm_losses, cfg=c, mesh=mesh), with_grads=with_grads),
-                 in_shardings=(st_sh, b_sh), out_shardings=(st_sh, metrics_sh))
-    return _with_mesh(fn, mesh), st_sh, b_sh
-
-
-def make_lm_eval_step(cfg, mesh, params_shapes: Any):
-    """Jitted sharded `lm.eval_step(params, batch)` (same loss as `make_lm_train_step`)."""
-    c = configure(cfg)
-    p_sh = pmesh.param_shardings(params_shapes, c, mesh)
-    fn = jax.jit(partial(lm.eval_step, cfg=c, loss_fn=partial(lm_losses, cfg=c, mesh=mesh)),
-                 in_shardings=(p_sh, pmesh.batch_sharding(mesh)))
-    return _with_mesh(fn, mesh)
-
-
 def make_forward(cfg, mesh, params_shapes: Any):
     """Jitted sharded `transformer.forward(params, tokens, positions, segment_ids)` in natural order."""
     c = configure(cfg, cp_layout="natural")
@@ -152,7 +106,7 @@ def make_forward(cfg, mesh, params_shapes: Any):
         return transformer.forward(params, tokens, cfg=c.model, positions=positions, segment_ids=segment_ids)
 
     fn = jax.jit(f, in_shardings=(p_sh, b_sh, b_sh, b_sh))
-    return _with_mesh(fn, mesh)
+    return with_mesh(fn, mesh)
 
 
 def sampling_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

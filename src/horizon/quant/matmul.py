@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.model.grouped import grouped_matmul
+from horizon.quant.grouped import grouped_matmul
 from horizon.quant.formats import MXTensor, NVFP4Tensor
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -98,7 +98,7 @@ def grouped_blockscaled_matmul_reference(
     a, b, group_sizes: Int[Array, " g"], *, out_dtype=jnp.float32
 ) -> Float[Array, "t n"]:
     """Reference grouped GEMM: rows of group g use ``b[g]`` (dequantize, f32 grouped GEMM
-    `horizon.model.grouped.grouped_matmul` with `ragged_dot` semantics, epilogue)."""
+    `horizon.quant.grouped.grouped_matmul` with `ragged_dot` semantics, epilogue)."""
     _check_pair(a, b)
     if a.values.ndim != 2 or b.values.ndim != 3:
         raise ValueError(f"expected a [T, K] and b [G, N, K], got {a.values.shape} and {b.values.shape}")

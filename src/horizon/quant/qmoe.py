@@ -4,7 +4,7 @@
 ``jax.lax.ragged_dot(x, w, group_sizes)`` (rows sorted by group; rows past ``sum(group_sizes)`` give 0).
 
 Precisions (every quantizer is straight-through: the backward treats it as the identity):
-  * ``"bf16"``: no quantization (the grouped GEMM `horizon.model.grouped.grouped_matmul` in x's dtype;
+  * ``"bf16"``: no quantization (the grouped GEMM `horizon.quant.grouped.grouped_matmul` in x's dtype;
     autodiff backward).
   * ``"mxfp8"``: forward MXFP8 (x along K; w along K, per expert), backward MXFP8.
   * ``"nvfp4"``: forward NVFP4 with PER-TENSOR f32 scales (the original recipe's scaling: one scale for
@@ -24,7 +24,7 @@ forward's quantized copies) along THAT GEMM's own contraction axis, rule ``scale
     padded layout: every group's rows are moved to a start that is a multiple of 32 (static length
     ``round_up(T + G * 31, 32)``, zero padding), so each 32-token scale block lies inside one group
     and padding never enters a block amax; x.T [K, Tpad] and dy.T [N, Tpad] are quantized along
-    tokens and contracted group by group (`horizon.model.grouped.grouped_wgrad`: per-tile
+    tokens and contracted group by group (`horizon.quant.grouped.grouped_wgrad`: per-tile
     ``x_tile^T dy_tile`` summed per group, FLOPs proportional to the tokens).
   Note: a wgrad block mixes 32 consecutive tokens of one expert, so its scale sees neighbouring
   tokens (unavoidable for a contraction over tokens; dw is a sum over tokens anyway).
@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.model.grouped import grouped_matmul, grouped_wgrad
+from horizon.quant.grouped import grouped_matmul, grouped_wgrad
 from horizon.quant import formats
 from horizon.quant.matmul import HIGHEST, group_ids, grouped_blockscaled_matmul
 

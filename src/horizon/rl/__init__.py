@@ -1,10 +1,10 @@
 """horizon.rl: reinforcement learning on agent rollouts (SPEC §4), by layer.
 
-- `horizon.rl.maths`: losses, rewards, batch layout, the RL train step (pure);
-- `horizon.rl.rollout`: the one `generate` and the policy adapter;
+- `horizon.rl.algo`: losses, rewards, batch layout, the RL train step (pure);
+- `horizon.inference`: the one `generate` and the policy adapter;
 - `horizon.rl.runtime`: the loops (`core` pieces, `loop.run_rl`, `async_loop`), workers, weight
   sync, stores, prompt sampler;
-- `horizon.rl.checks`: the RL drivers' config validation.
+- `horizon.rl.runtime.checks`: the RL drivers' config validation.
 
 Each layer imports only the ones before it.
 """

@@ -4,7 +4,7 @@
     with open_sandbox("docker", "horizon-sandbox:base", default_timeout=30) as sb:
         sb.exec("python3 -c 'print(1)'")
 
-`DockerSandbox` is imported lazily (it needs the docker SDK); see envs/README.md.
+The Docker backend's images: envs/README.md.
 """
 
 from horizon.sandbox.base import (
@@ -24,6 +24,7 @@ from horizon.sandbox.base import (
 )
 from horizon.sandbox.factory import BACKENDS, docker_available, open_sandbox
 from horizon.sandbox.local import LocalSandbox
+from horizon.sandbox.docker import DockerSandbox, cleanup_leaked
 
 __all__ = [
     "BACKENDS", "DEFAULT_BASE_IMAGE", "PROJECT_LABEL", "TRUNCATION_MARKER", "WORKSPACE",
@@ -32,10 +33,3 @@ __all__ = [
     "SandboxResourceError", "cleanup_leaked", "docker_available", "open_sandbox",
 ]
 
-
-def __getattr__(name):
-    if name in ("DockerSandbox", "cleanup_leaked"):
-        from horizon.sandbox import docker as _docker  # noqa: PLC0415
-
-        return getattr(_docker, name)
-    raise AttributeError(f"module 'horizon.sandbox' has no attribute {name!r}")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from horizon.sandbox.base import Sandbox, SandboxError
+from horizon.sandbox.docker import DockerSandbox
+from horizon.sandbox.local import LocalSandbox
 
 BACKENDS = ("docker", "local")
 _PING_TIMEOUT_S = 5
@@ -32,14 +36,8 @@ def open_sandbox(backend: str, image: str | None = None, **limits) -> Sandbox:
     which is copied as the root; Docker-only limits (disk_limit_mb too) are accepted and ignored.
     """
     if backend == "docker":
-        from horizon.sandbox.docker import DockerSandbox  # noqa: PLC0415
-
         return DockerSandbox.create(image, **limits)
     if backend == "local":
-        import os  # noqa: PLC0415
-
-        from horizon.sandbox.local import LocalSandbox  # noqa: PLC0415
-
         template = image if image is not None and os.path.isdir(image) else None
         return LocalSandbox.create(template, **limits)
     raise SandboxError(f"unknown sandbox backend {backend!r}; expected one of {BACKENDS}")

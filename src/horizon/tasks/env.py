@@ -17,6 +17,8 @@ import time
 
 from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL, WORKSPACE, Sandbox
 from horizon.tasks.task import Task, TaskError, task_hash
+from horizon.sandbox.docker import get_client
+from horizon.sandbox.factory import open_sandbox
 
 TASK_IMAGE_FORMAT = "1"           # bump when the Dockerfile template changes (forces rebuilds)
 LABEL_TASK_ID = PROJECT_LABEL + ".task_id"
@@ -46,8 +48,6 @@ def task_image_labels(task: Task, base_image_id: str) -> dict[str, str]:
 def task_image_state(task: Task, client=None, base_image: str = DEFAULT_BASE_IMAGE) -> str:
     """"current" (image matches files + base), "stale", "missing", or "no-base"."""
     import docker.errors  # noqa: PLC0415 - docker is only needed for the docker backend
-
-    from horizon.sandbox.docker import get_client  # noqa: PLC0415
 
     client = client or get_client()
     try:
@@ -97,8 +97,6 @@ def open_task_sandbox(task: Task, backend: str = "docker", *, base_image: str | 
     The returned sandbox records how it was made in `task_source` when the backend allows
     attributes ("image" = baked task image, "files" = files written at start).
     """
-    from horizon.sandbox.factory import open_sandbox  # noqa: PLC0415
-
     base_image = base_image or DEFAULT_BASE_IMAGE
     if task.metadata.get("prepared_image"):   # imported task: the image IS the initial state
         if backend != "docker":

@@ -34,6 +34,7 @@ import tempfile
 import tomllib
 
 from horizon.sandbox.base import PROJECT_LABEL, WORKSPACE
+from horizon.tasks.result import VerifyResult
 from horizon.tasks.task import Task, TaskError
 
 REWARD_MODE = "harbor"
@@ -216,8 +217,6 @@ def parse_reward(text: str) -> float | None:
 def grade(task: Task, sandbox, timeout: float | None = None):
     """`VerifyResult` of a Harbor task's final sandbox state (module docstring). Raises
     `SandboxInfraError` when the sandbox fails; everything else the policy did is a score."""
-    from horizon.tasks.verifier import VerifyResult  # noqa: PLC0415 - verifier dispatches here
-
     md = task.metadata
     timeout = timeout or md["verifier_timeout_s"]
     _write_tree(sandbox, TESTS_DIR, md["tests"], timeout)

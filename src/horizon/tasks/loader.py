@@ -18,6 +18,8 @@ import os
 import pathlib
 
 from horizon.tasks.task import SPLITS, Task, TaskError, task_image_name
+from horizon.tasks.recall import is_recall_id
+from horizon.tasks.recall import recall_task_from_id
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 REQUIRED_KEYS = ("id", "prompt", "test_cmd", "kind", "split")
@@ -98,8 +100,6 @@ def load_tasks(root: str | os.PathLike | None = None, split: str | None = None) 
 
 def get_task(task_id: str, root: str | os.PathLike | None = None) -> Task:
     """The task named `task_id`: a directory under `root`, or a `recall_<seed>...` id."""
-    from horizon.tasks.recall import is_recall_id, recall_task_from_id  # noqa: PLC0415 - avoid cycle
-
     if is_recall_id(task_id):
         return recall_task_from_id(task_id)
     root = pathlib.Path(root) if root is not None else default_root()

@@ -33,7 +33,10 @@ import subprocess
 import tarfile
 
 from horizon.sandbox.base import WORKSPACE
+from horizon.tasks.result import VerifyResult
 from horizon.tasks.task import SPLITS, Task, TaskError
+from horizon.sandbox.base import DEFAULT_BASE_IMAGE
+from horizon.sandbox.base import PROJECT_LABEL
 
 REWARD_MODE = "swebench"
 REQUIRED_FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement",
@@ -288,8 +291,6 @@ def _restore_test_files(task: Task, sandbox, timeout: float) -> None:
 def grade(task: Task, sandbox, timeout: float | None = None):
     """`VerifyResult` of a SWE-bench task's final sandbox state (module docstring). Raises
     `SandboxInfraError` when the sandbox fails; everything else the policy did is a score."""
-    from horizon.tasks.verifier import VerifyResult  # noqa: PLC0415 - verifier dispatches here
-
     md = task.metadata
     timeout = timeout or DEFAULT_GRADE_TIMEOUT_S
     wanted = list(md["fail_to_pass"]) + list(md["pass_to_pass"])
@@ -329,8 +330,6 @@ def build_instance_image(inst: SweInstance, repo_path: str | os.PathLike, tag: s
 
     import docker  # noqa: PLC0415 - only the image build needs the docker SDK
     import docker.errors  # noqa: PLC0415
-
-    from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL  # noqa: PLC0415
 
     client = client or docker.from_env(timeout=600)
     with tempfile.TemporaryDirectory(prefix="horizon-swe-") as ctx:

@@ -35,6 +35,7 @@ import unicodedata
 
 from horizon.sandbox.base import SandboxInfraError
 from horizon.tasks import harbor, swebench
+from horizon.tasks.result import VerifyResult
 from horizon.tasks.recall import ANSWER_PATH
 from horizon.tasks.task import Task
 
@@ -43,19 +44,8 @@ DEFAULT_VERIFY_TIMEOUT_S = 120.0
 _COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)\b")
 _SUMMARY_RE = re.compile(r"^=*\s*(?:\d+ \w+(?:, )?)+.* in [\d.]+s", re.M)
 _CACHE_PARTS = ("__pycache__", ".pytest_cache")
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyResult:
-    reward: float
-    passed: int
-    total: int
-    output: str
-    infra_error: str = ""       # non-empty: the sandbox failed, `reward` means nothing (never trained on)
-
-    @property
-    def infra(self) -> bool:
-        return bool(self.infra_error)
+# Imported task formats grade themselves: reward_mode -> grade(task, sandbox, timeout) -> VerifyResult.
+GRADERS = {swebench.REWARD_MODE: swebench.grade, harbor.REWARD_MODE: harbor.grade}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,10 +177,8 @@ def verify(task: Task, sandbox, final_answer: str = "", timeout: float | None = 
     A dead or unusable sandbox (`SandboxInfraError`) is not a score: the result carries
     `infra_error` and the caller retries the episode (issue 21: infrastructure is not the policy)."""
     try:
-        if task.reward_mode == swebench.REWARD_MODE:
-            return swebench.grade(task, sandbox, timeout)
-        if task.reward_mode == harbor.REWARD_MODE:
-            return harbor.grade(task, sandbox, timeout)
+        if task.reward_mode in GRADERS:
+            return GRADERS[task.reward_mode](task, sandbox, timeout)
         timeout = DEFAULT_VERIFY_TIMEOUT_S if timeout is None else timeout
         if task.reward_mode == "answer":
             return _verify_answer(task, sandbox, final_answer, check_edits, timeout)

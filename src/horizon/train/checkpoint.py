@@ -35,6 +35,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from horizon.utils.files import TMP_MARK, atomic_write_bytes
+from horizon.model import transformer
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +207,6 @@ def restore_params(directory: str | pathlib.Path, model_cfg) -> tuple[Any, dict]
     `model_cfg`'s params (one-line `ValueError` otherwise); values are cast to its dtypes.
     `FileNotFoundError` when the directory or its steps are missing. The newest intact step is read
     (`latest_intact_step`; `CheckpointCorruptError` if none). meta gets `step` and `source`."""
-    from horizon.model import transformer
-
     path = pathlib.Path(directory).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint dir {path} does not exist")

@@ -9,6 +9,8 @@ step is bitwise deterministic, which is what makes exact resume possible.
 
 from __future__ import annotations
 
+import math
+import pathlib
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -16,11 +18,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
+from horizon.data.tokenizer import validate_tokenizer
 from horizon.model import loss as lm_loss
 from horizon.model import moe, mtp, transformer
+from horizon.parallel import context, sharded
+from horizon.parallel import mesh as pmesh
 from horizon.train import optim
+from horizon.utils.config import need, need_float, need_int
 
 Batch = dict[str, Array]  # tokens, segment_ids, positions, mask: [batch, seq]
 LossFn = Callable[[Any, Batch], tuple[Array, dict]]   # (params, batch) -> (objective, aux)
@@ -38,24 +45,15 @@ class TrainState(NamedTuple):
 def validate_train_config(c: ml_collections.ConfigDict) -> None:
     """experiments/pretrain.py's and quant_ablation.py's config (configs/tiny.py): model, data and
     `train` fields checked before any directory or compile exists; `ConfigError` names the field."""
-    import math
-    import pathlib
-
-    from horizon.data.tokenizer import validate_tokenizer
-    from horizon.parallel.mesh import validate_mesh
-    from horizon.utils.config import need, need_float, need_int
-
     transformer.validate_config(c.model)
-    validate_mesh(c)
+    pmesh.validate_mesh(c)
     d, t = c.data, c.train
     need_int(d, "seq_len", "data", lo=2)
     need(int(d.seq_len) <= int(c.model.max_seq_len), "data.seq_len", d.seq_len,
          f"must be <= model.max_seq_len={c.model.max_seq_len}")
     need_int(d, "batch_size", "data", lo=1)
-    from horizon.parallel.mesh import BATCH_AXES, SEQ_AXIS, mesh_sizes
-
-    sizes = mesh_sizes(c.mesh)
-    nb, cp = math.prod(sizes[a] for a in BATCH_AXES), sizes[SEQ_AXIS]
+    sizes = pmesh.mesh_sizes(c.mesh)
+    nb, cp = math.prod(sizes[a] for a in pmesh.BATCH_AXES), sizes[pmesh.SEQ_AXIS]
     need(int(d.batch_size) % nb == 0, "data.batch_size", d.batch_size,
          f"must be divisible by the mesh's batch axes (data*fsdp*expert = {nb})")
     if cp > 1:
@@ -134,7 +132,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: ml_collections.ConfigDic
                loss_fn: LossFn | None = None, with_grads: bool = False) -> tuple[TrainState, dict]:
     """One optimizer step (pure; jit it with `cfg` closed over, see `jit_train_step`). The one LM
     step of every mesh: `loss_fn(params, batch) -> (objective, aux)` defaults to `losses`; the
-    sharded step passes the context-parallel one (`horizon.parallel.sharded.lm_losses`). With
+    mesh step passes the context-parallel one (`mesh_losses`). With
     `with_grads`, metrics also hold ``grads`` (equivalence tests)."""
     loss_fn = partial(losses, cfg=cfg) if loss_fn is None else loss_fn
     (objective, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
@@ -191,3 +189,47 @@ def evaluate(eval_fn, params: Any, batches: list[Batch]) -> dict[str, float]:
     out = {f"eval_{k}": v / max(count, 1.0) for k, v in sums.items()}
     out["eval_tokens"] = count
     return out
+
+
+def mesh_losses(params: Any, batch: Batch, *, cfg, mesh) -> tuple[jax.Array, dict]:
+    """`losses` for a configured cfg (`sharded.configure`) (the `loss_fn` of `train_step` / `eval_step` on a
+    mesh); with CP the model runs in the zigzag layout."""
+    cp = sharded.cp_size(cfg)
+    if cp == 1:
+        return losses(params, batch, cfg=cfg)
+    tokens, seg, pos, mask = batch["tokens"], batch["segment_ids"], batch["positions"], batch["mask"]
+    S = tokens.shape[1]
+    if S % (2 * cp):
+        raise ValueError(f"seq_len {S} must be divisible by 2*context={2 * cp} for the zigzag layout")
+    tgt, w = lm_loss.next_token_targets(tokens, mask, seg)
+    sh = NamedSharding(mesh, P(pmesh.BATCH_AXES, pmesh.SEQ_AXIS))
+    zz = [jax.lax.with_sharding_constraint(context.zigzag_permute(a, cp), sh) for a in (tokens, seg, pos, tgt, w)]
+    tokens_z, seg_z, pos_z, tgt_z, w_z = zz
+    logits, aux = transformer.forward(params, tokens_z, cfg=cfg.model, positions=pos_z, segment_ids=seg_z)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, tgt_z[..., None], axis=-1)[..., 0]
+    count = w_z.sum()
+    ce = jnp.sum(nll * w_z) / jnp.maximum(count, 1.0)
+    return ce, {"loss": ce, "tokens": count, "router_load": aux["router_load"]}
+
+
+def make_train_step(cfg, mesh, state_shapes: TrainState, *, with_grads: bool = False):
+    """(step(state, batch) -> (state, metrics), state shardings, batch sharding) for one mesh.
+
+    `cfg` is the unconfigured config (``cfg.mesh`` decides the paths); the step donates nothing."""
+    c = sharded.configure(cfg)
+    st_sh = sharded.state_shardings(state_shapes, state_shapes.params, c, mesh)
+    b_sh = pmesh.batch_sharding(mesh)
+    metrics_sh = None  # let XLA pick (scalars end up replicated)
+    fn = jax.jit(partial(train_step, cfg=c, loss_fn=partial(mesh_losses, cfg=c, mesh=mesh), with_grads=with_grads),
+                 in_shardings=(st_sh, b_sh), out_shardings=(st_sh, metrics_sh))
+    return sharded.with_mesh(fn, mesh), st_sh, b_sh
+
+
+def make_eval_step(cfg, mesh, params_shapes: Any):
+    """Jitted sharded `eval_step(params, batch)` (same loss as `make_train_step`)."""
+    c = sharded.configure(cfg)
+    p_sh = pmesh.param_shardings(params_shapes, c, mesh)
+    fn = jax.jit(partial(eval_step, cfg=c, loss_fn=partial(mesh_losses, cfg=c, mesh=mesh)),
+                 in_shardings=(p_sh, pmesh.batch_sharding(mesh)))
+    return sharded.with_mesh(fn, mesh)

@@ -14,6 +14,9 @@ from typing import Any, Callable
 import jax
 import ml_collections
 import optax
+from horizon.utils.config import need
+from horizon.utils.config import need_float
+from horizon.utils.config import need_int
 
 NO_DECAY_SUFFIXES = ("norm", "bias")   # attn_norm, q_norm, kv_norm, final_norm, enorm, router_bias, ...
 
@@ -44,8 +47,6 @@ def default_trainable_mask(params: Any) -> Any:
 def validate_optim_config(o, prefix: str, steps: int, steps_field: str) -> None:
     """An optimizer section (the fields `make_optimizer` and `lr_schedule` read) whose schedule spans
     `steps` (the field named `steps_field`): `ConfigError` naming the field, before any work."""
-    from horizon.utils.config import need, need_float, need_int
-
     need_float(o, "lr", prefix, 0.0, lo_open=True)
     w = need_int(o, "warmup_steps", prefix, lo=0)
     need(w < steps, f"{prefix}.warmup_steps", w, f"must be < {steps_field}={steps}")

@@ -10,7 +10,7 @@ JAX; the orchestrator runs no JAX computation):
       │                        checkpoints, publishes version t+1 (weight_sync: delta chain on a shared dir)
       └─ rollout workers ×W   `rollout_worker_main`: take a generation batch, load the newest weights,
                                `rollout_groups` with in-flight weight updates (the rollout engine,
-                               `engine.rollout_policy`, polling the weight source), write each group
+                               `policy.rollout_policy`, polling the weight source), write each group
                                to the GroupStore
 
 All data moves through storage, never through the trainer's queues: the trainer can be
@@ -646,7 +646,7 @@ class Orchestrator:
                  kill_trainer_at: int | None = None, max_trainer_restarts: int = 3,
                  kill_worker_at: int | None = None, max_worker_restarts: int = 8,
                  fault_hook: Callable[[Orchestrator, int | None], None] | None = None):
-        from horizon.rl.checks import validate_async  # noqa: PLC0415  (checks imports the rl layer)
+        from horizon.rl.runtime.checks import validate_async  # noqa: PLC0415  (checks imports the rl layer)
 
         validate_async(cfg)
         self.cfg, self.run_dir = cfg, pathlib.Path(run_dir)

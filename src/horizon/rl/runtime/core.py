@@ -36,9 +36,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from horizon.rl.maths import losses
+from horizon.rl.algo import losses
 from horizon.rl.runtime import prompts, storage
 from horizon.utils.seeds import run_keys
+from horizon.env.families import family_from_config
+from horizon.rl.runtime.workers import experiment_prompt_id
+from horizon.parallel import mesh as pmesh
+from horizon.parallel import packing
+from horizon.rl.algo import batch as rlbatch
+from horizon.rl.algo import trainer
+from horizon.train.checkpoint import Checkpointer
 
 Poll = Callable[[], tuple[Any, int]]
 
@@ -64,8 +71,6 @@ def prompt_ids(cfg, total: int, start: int = 0) -> list[str]:
     if env_name(cfg) == "toy":
         first = int(cfg.async_.prompt_start) + int(start)
         return [f"toy_{i}" for i in range(first, first + total)]
-    from horizon.env.families import family_from_config  # noqa: PLC0415
-    from horizon.rl.runtime.workers import experiment_prompt_id  # noqa: PLC0415
 
     seeds = family_from_config(cfg.exp).seeds("train", total, int(cfg.exp.n_sft_tasks) + int(start))
     return [experiment_prompt_id(str(cfg.exp.env), s) for s in seeds]
@@ -175,16 +180,15 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
                    ) -> tuple[list[storage.GroupRecord], dict]:
     """One batched generation of `requests` (one generation batch) in `env` with the weights of
     `poll() -> (params, version)`, polled every `rl.sampler.chunk_tokens` decode steps (in-flight
-    updates, `rl.sampler.kv_mode`), through `engine.rollout_policy` (the rollout engine, on one device
+    updates, `rl.sampler.kv_mode`), through `engine_policy.rollout_policy` (the rollout engine, on one device
     or sharded over the run's mesh). A group whose sandboxes kept failing (the env's retries spent)
     is replaced by the group of the slot's next reserve prompt (module docstring); when a slot's
     reserve is spent too, `RuntimeError` (the infrastructure, not one box, is broken). Returns
     (one `GroupRecord` per request, batch info: wall `seconds`, `gen_s` (seconds in generation calls),
     weight `switches`, `start_version` and the batch's `infra/*` counters)."""
-    from horizon.rl.rollout import engine  # noqa: PLC0415  (jax: imported where a rollout runs)
 
     s = cfg.rl.sampler
-    policy = engine.rollout_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
+    policy = engine_policy.rollout_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
                                    kv_mode=str(s.kv_mode))
     start_version = int(poll()[1])
     before = _env_counters(env)
@@ -232,10 +236,6 @@ def pack_rows(b: dict, cfg) -> tuple[dict, dict]:
     model's analytic attention-aware cost, `packing.model_cost_model`; method `mesh.packing`).
     Returns (batch, {"pack/imbalance", "pack/imbalance_naive", "pack/ranks"}): max/mean estimated
     cost per rank after packing and for `build_batch`'s own order."""
-    from horizon.parallel import mesh as pmesh  # noqa: PLC0415
-    from horizon.parallel import packing  # noqa: PLC0415
-    from horizon.rl.maths import batch as rlbatch  # noqa: PLC0415
-
     m = cfg.mesh
     a, bq = float(m.packing_cost_a), float(m.packing_cost_b)
     cost = packing.model_cost_model(cfg.model) if a == 0 and bq == 0 else packing.CostModel(a, bq)
@@ -251,9 +251,6 @@ def resume_rl_state(params, cfg, directory):
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from horizon.rl.maths import trainer  # noqa: PLC0415
-    from horizon.train.checkpoint import Checkpointer  # noqa: PLC0415
-
     # train_step donates its state: copy, so the caller's `params` (e.g. one SFT checkpoint shared
     # by several runs, experiments/selfsum.py) stay valid
     state = trainer.init_state(jax.tree.map(jnp.copy, params), cfg)
@@ -266,9 +263,6 @@ def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
     """One RL step on a step's groups (slot order): `build_batch_from_config` -> `pack_rows` ->
     `trainer.train_step`. Returns (state, {metric: float} with the packing stats, the batch)."""
     import jax  # noqa: PLC0415
-
-    from horizon.rl.maths import batch as rlbatch  # noqa: PLC0415
-    from horizon.rl.maths import trainer  # noqa: PLC0415
 
     groups = sorted(groups, key=lambda g: g.slot)
     b = rlbatch.build_batch_from_config([g.trajectories for g in groups],

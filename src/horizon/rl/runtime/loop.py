@@ -32,12 +32,22 @@ import numpy as np
 from horizon.data.packing import pack_sequences
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
-from horizon.rl.maths import batch as rlbatch
-from horizon.rl.rollout import engine, sampler
+from horizon.rl.algo import batch as rlbatch
+from horizon.inference import policy as engine_policy
+from horizon.inference import sampler
 from horizon.rl.runtime import core as runtime
 from horizon.env.families import Family
 from horizon.train import lm
 from horizon.train.checkpoint import Checkpointer
+from horizon.data.tokenizer import tokenizer_from_config
+from horizon.env.families import family_from_config
+from horizon.utils.config import dump_config
+from horizon.eval import harness
+from horizon.utils.seeds import run_keys
+from horizon.model import hf
+from horizon.model import transformer
+from horizon.env.demos import config_edit_demos
+from horizon.train.checkpoint import restore_params
 
 Log = Callable[[dict], None]
 
@@ -46,10 +56,6 @@ def start_run(c: ml_collections.ConfigDict):
     """The common start of a driver, after `horizon.utils.cli.load` has parsed and validated `c`:
     the run dir `exp.out_dir` with config.json, the XLA compilation cache, tokenizer, metrics log,
     task family. Returns (out_dir, tok, log, family)."""
-    from horizon.data.tokenizer import tokenizer_from_config
-    from horizon.env.families import family_from_config
-    from horizon.utils.config import dump_config
-
     out_dir = pathlib.Path(c.exp.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(c, out_dir / "config.json")
@@ -60,22 +66,18 @@ def start_run(c: ml_collections.ConfigDict):
 
 def evaluate(env, params, tasks, c, tok, key, version: int) -> dict:
     """`c.exp.eval.passes` sampled passes over `tasks` through the eval harness in `env`'s pooled
-    sandboxes (`ExperimentEnv.eval_setup`, `harness.run_eval`): `harness.pass_summary`'s mean,
+    sandboxes (`harness.pooled_setup`, `harness.run_eval`): `harness.pass_summary`'s mean,
     std over passes (the eval noise), best-of-passes, per-pass means and efficiency."""
-    from horizon.eval import harness
-
     ev = c.exp.eval
-    policy = engine.rollout_policy(sampler.ParamsHolder(params, version=version), c, key,
+    policy = engine_policy.rollout_policy(sampler.ParamsHolder(params, version=version), c, key,
                                    temperature=float(ev.temperature))
-    records = harness.run_eval(policy, tasks, env.eval_setup(tok, int(ev.passes)), policy_name=f"v{version}")
+    records = harness.run_eval(policy, tasks, harness.pooled_setup(env, tok, int(ev.passes)), policy_name=f"v{version}")
     return harness.pass_summary(records)
 
 
 def heldout_evaluator(env, tasks, c, tok) -> Callable[[Any, int], dict]:
     """`run_rl`'s eval hook: `evaluate` on `tasks` in `env`, sampling key
     ``fold_in(run_keys(seed)["eval"], step)``."""
-    from horizon.utils.seeds import run_keys
-
     key = run_keys(c.seed)["eval"]
     return lambda params, step: evaluate(env, params, tasks, c, tok, jax.random.fold_in(key, step), step)
 
@@ -103,7 +105,7 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
         s = c.exp.sft
     sc, state = _sft_state(params, c)
     # the same partitioned LM step as experiments/pretrain.py, on the run's mesh (c.mesh)
-    step_fn, st_sh, _ = sharded.make_lm_train_step(sc, pmesh.mesh_from_config(c), jax.eval_shape(lambda: state))
+    step_fn, st_sh, _ = lm.make_train_step(sc, pmesh.mesh_from_config(c), jax.eval_shape(lambda: state))
     state = jax.device_put(state, st_sh)
     ck = Checkpointer(out / name, every=max(1, int(s.steps)), keep=1)
     got = ck.restore_latest(state)
@@ -175,12 +177,10 @@ def clean_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str, probe=
 
 
 def initial_params(c, key):
-    """A run's starting params: `model.init_from`'s checkpoint (`hf_import.pretrained_params`) or
+    """A run's starting params: `model.init_from`'s checkpoint (`hf.pretrained_params`) or
     `transformer.init(key)`."""
-    from horizon.model import hf_import, transformer  # noqa: PLC0415
-
     if str(c.model.get("init_from", "") or ""):
-        return hf_import.pretrained_params(c, key)
+        return hf.pretrained_params(c, key)
     return transformer.init(key, c.model)
 
 
@@ -200,8 +200,6 @@ def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, 
     transition that, on demos where half the values are wrong, came anywhere between ~600 and
     >800 steps depending on the seed); stage 2 (`exp.sft.corrupt_prob`, `exp.sft.corrupt`) adds
     the demonstrator's systematic error."""
-    from horizon.env.demos import config_edit_demos
-
     tasks = family.tasks("train", int(c.exp.n_sft_tasks))
 
     def demos(p: float):
@@ -229,8 +227,6 @@ def load_sft_params(c, directory: str | pathlib.Path):
     """The params of the finished SFT checkpoint `run_sft` wrote to `directory` (e.g.
     runs/rl_tiny/sft): the warm start other drivers (experiments/rl_async.py, eval) reuse.
     (`train.checkpoint.restore_params`, the one loader.)"""
-    from horizon.train.checkpoint import restore_params
-
     try:
         return restore_params(directory, c.model)[0]
     except FileNotFoundError:
@@ -240,10 +236,6 @@ def load_sft_params(c, directory: str | pathlib.Path):
 def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
     """Make the SFT checkpoint `directory` with experiments/rl.py's SFT stage (same seed, demos and
     init, `config_edit_warm_start`) if it is missing (experiments/rl_async.py's warm start)."""
-    from horizon.data.tokenizer import tokenizer_from_config
-    from horizon.env.families import family_from_config
-    from horizon.utils.seeds import run_keys
-
     d = pathlib.Path(directory)
     try:
         load_sft_params(c, d)
@@ -259,8 +251,6 @@ def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
 
 
 def tok_pad(c) -> int:
-    from horizon.data.tokenizer import tokenizer_from_config
-
     return tokenizer_from_config(c).pad_id
 
 

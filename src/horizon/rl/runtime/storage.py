@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from horizon.utils.files import UrlDir, atomic_write_bytes, url_dir
+from horizon.agent.rollout import Episode
 
 _GROUP_RE = re.compile(r"group_(\d{8})\.pkl")
 
@@ -156,8 +157,6 @@ class RolloutCheckpoints:
         """Rebuild the checkpointed `Episode` in a sandbox made by `sandbox_from_snapshot(ref)`
         (e.g. `DockerSandbox.from_snapshot`, or `LocalSandbox.create(template=ref)`); None if
         there is no checkpoint."""
-        from horizon.agent.rollout import Episode  # noqa: PLC0415
-
         blob = self.load(slot, chain)
         if blob is None:
             return None

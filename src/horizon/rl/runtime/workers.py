@@ -1,6 +1,6 @@
 """Rollout-worker pieces: weight source and environments (SPEC §4.1).
 
-**In-flight updates**: a worker's policy is `horizon.rl.rollout.engine.rollout_policy(source.poll, cfg,
+**In-flight updates**: a worker's policy is `horizon.inference.policy.rollout_policy(source.poll, cfg,
 key, chunk_tokens=..., kv_mode=...)` (through `core.rollout_groups`; the rollout engine, on one device
 or the run's mesh), which polls the weights every `chunk_tokens` decode steps (at most), switches
 mid-generation and tags every token with the version that sampled it (the engine's docstring
@@ -29,8 +29,11 @@ import numpy as np
 
 from horizon.data.tokenizer import Tokenizer
 from horizon.model import transformer
-from horizon.rl.rollout import sampler
+from horizon.inference import sampler
 from horizon.rl.runtime.weight_sync import WeightReceiver
+from horizon.agent import Segment
+from horizon.agent import Trajectory
+from horizon.env.rollouts import ExperimentEnv
 
 KV_MODES = sampler.KV_MODES
 
@@ -88,8 +91,6 @@ def toy_reward(tokens: np.ndarray) -> float:
 
 def toy_rollout(request: dict, policy: Callable, cfg, tok: Tokenizer) -> tuple[list, list[float], list[dict]]:
     """`group_size` single-turn completions of a toy prompt (no sandbox): (trajectories, rewards, infos)."""
-    from horizon.agent import Segment, Trajectory  # noqa: PLC0415
-
     G = int(cfg.rl.group_size)
     ctx = toy_prompt(request["prompt_id"], tok)
     gens = policy([ctx] * G, int(cfg.async_.toy_max_new_tokens))
@@ -140,8 +141,6 @@ def family_env(cfg, pool=None):
     """`async_.env="experiment"` (and experiments/rl.py, selfsum.py): the config's task family
     (`cfg.exp`, `horizon.env.families`) in a pool of reused sandboxes (`ExperimentEnv`; made on
     first use and owned by the env, or `pool`, borrowed); a request's prompt id carries its task seed."""
-    from horizon.env.rollouts import ExperimentEnv  # noqa: PLC0415
-
     return ExperimentEnv(cfg, seed_of=lambda r: experiment_seed(r["prompt_id"]), pool=pool)
 
 

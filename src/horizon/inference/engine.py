@@ -128,8 +128,9 @@ from horizon.data.tokenizer import tokenizer_from_config
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
-from horizon.rl.maths.batch import bucket
-from horizon.rl.rollout import sampler
+from horizon.utils.shapes import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
+from horizon.inference import sampler
+from horizon.inference.config import EngineConfig, engine_config, resolve_engine_config
 
 KV_MODES = sampler.KV_MODES
 _NO_STOP = -1          # padding of a row's stop-id table (no token id is negative)
@@ -169,51 +170,6 @@ class Completion:
     stopped: bool
     prefill_tokens: int
     reused_tokens: int
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Static engine sizes (`engine_config` reads them from `rl.sampler`)."""
-
-    slots: int                 # decode slots (rows of the latent cache)
-    max_len: int               # positions per slot (cache budget = slots * max_len)
-    prefill_chunk: int         # max prefill tokens per row per call
-    min_prefill_chunk: int     # smallest chunk (power-of-two buckets from it up to prefill_chunk)
-    sync_tokens: int           # decode steps per host round-trip
-    min_window: int            # smallest attention window (compile buckets above it: `window_per_octave`)
-    park_tokens: int           # swap store budget for evicted parked caches (positions)
-    stop_slots: int            # max stop ids per request (the device stop table's width)
-    refill_slots: int = 1      # while requests wait, leave the decode loop once this many slots finished
-    kv_mode: str = "keep"
-    window_per_octave: int = 1  # attention-window buckets per doubling: 1 = powers of two, 2 adds the 1.5x midpoints
-    min_reuse: int = 1         # shortest prefix copied from another slot or the swap store (shorter: prefilled)
-    replicas: int = 1          # data-parallel engine replicas, one per local device (`make_engine`); slots in all
-
-
-def engine_config(cfg, **overrides) -> EngineConfig:
-    """`EngineConfig` from a full config's `rl.sampler` section (configs/rl_tiny.py); `engine_max_len`
-    0 = `model.max_seq_len`, `engine_park_tokens` < 0 = slots x max_len. `overrides` replace fields."""
-    if "rl" not in cfg or "sampler" not in cfg.rl:
-        raise ValueError("the rollout engine needs the config's rl.sampler section (configs/rl_tiny.py) "
-                         "or an EngineConfig (engine=)")
-    s = cfg.rl.sampler
-    max_len = int(s.engine_max_len) or int(transformer.model_cfg(cfg).max_seq_len)
-    slots = int(s.engine_slots)
-    park = int(s.engine_park_tokens)
-    ec = dict(slots=slots, max_len=max_len, prefill_chunk=int(s.engine_prefill_chunk),
-              min_prefill_chunk=int(s.engine_min_prefill_chunk),
-              sync_tokens=int(s.sync_tokens), min_window=int(s.engine_min_window),
-              park_tokens=slots * max_len if park < 0 else park, stop_slots=int(s.engine_stop_slots),
-              refill_slots=int(s.engine_refill_slots), kv_mode=str(s.kv_mode),
-              window_per_octave=int(s.get("engine_window_per_octave", 1)),
-              min_reuse=int(s.get("engine_min_reuse", 1)), replicas=int(s.get("engine_replicas", 1)))
-    ec.update(overrides)
-    return EngineConfig(**ec)
-
-
-def _sizes(cfg, engine: EngineConfig | None, overrides: dict) -> EngineConfig:
-    """`engine` (default: `engine_config(cfg)`) with `overrides` replaced: what every engine kind runs with."""
-    return dataclasses.replace(engine, **overrides) if engine is not None else engine_config(cfg, **overrides)
 
 
 # ------------------------------------------------------------------------------ device functions
@@ -414,7 +370,7 @@ class Engine(_Serving):
                  device: jax.Device | None = None, **overrides):
         if (params is None) == (poll is None):
             raise ValueError("pass exactly one of params or poll")
-        ec = _sizes(cfg, engine, overrides)
+        ec = resolve_engine_config(cfg, engine, overrides)
         if ec.replicas != 1:
             raise ValueError(f"an Engine is one replica; make_engine builds {ec.replicas} (rl.sampler.engine_replicas)")
         if ec.kv_mode not in KV_MODES:
@@ -810,7 +766,7 @@ class EngineReplicas(_Serving):
     def __init__(self, cfg, *, params: dict | None = None, poll: Callable[[], tuple[dict, int]] | None = None,
                  version: int = 0, engine: EngineConfig | None = None, stop_tokens: Sequence[int] | None = None,
                  **overrides):
-        ec = _sizes(cfg, engine, overrides)
+        ec = resolve_engine_config(cfg, engine, overrides)
         n, devices = ec.replicas, jax.local_devices()
         if n < 2:
             raise ValueError(f"EngineReplicas needs engine replicas >= 2, got {n} (make_engine builds one Engine)")
@@ -889,134 +845,5 @@ def make_engine(cfg, *, engine: EngineConfig | None = None, **kwargs) -> "Engine
     """The rollout engine `cfg` asks for: one `Engine`, or `EngineReplicas` when ``engine_replicas`` > 1
     (`engine` / keyword overrides as `Engine` takes them)."""
     ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    ec = _sizes(cfg, engine, {k: kwargs.pop(k) for k in list(kwargs) if k in ec_fields})
+    ec = resolve_engine_config(cfg, engine, {k: kwargs.pop(k) for k in list(kwargs) if k in ec_fields})
     return (Engine if ec.replicas == 1 else EngineReplicas)(cfg, engine=ec, **kwargs)
-
-
-# ------------------------------------------------------------------------------ agent adapter
-class EngineStream:
-    """One `run_episodes` call's view of an `EnginePolicy` (the interface `horizon.agent.run_episodes`
-    drives episodes through independently): `submit(episode, context, max_new)` queues an episode's
-    turn (owner = the episode: its cache persists between turns), `advance()` runs one engine
-    round-trip and returns the ``(episode, Generation)`` pairs that finished, `release(episode)` drops
-    a finished episode's cache. Turn t of episode e draws with key ``fold_in(fold_in(stream key, e), t)``,
-    so an episode's samples do not depend on the timing of the others."""
-
-    def __init__(self, policy: "EnginePolicy", key: jax.Array):
-        self.policy, self.key = policy, key
-        self.session = policy._new_session()
-        self.turns: dict[int, int] = collections.Counter()
-        self.by_rid: dict[int, int] = {}
-
-    def submit(self, episode: int, context: np.ndarray, max_new_tokens: int) -> None:
-        key = jax.random.fold_in(jax.random.fold_in(self.key, int(episode)), self.turns[episode])
-        self.turns[episode] += 1
-        rid = self.policy.engine.submit(self.policy._request(context, key, max_new_tokens,
-                                                             owner=(self.session, int(episode))))
-        self.by_rid[rid] = (int(episode), self.turns[episode] - 1)
-
-    def advance(self) -> list:
-        out = []
-        t0 = time.perf_counter()
-        done = self.policy.engine.step()
-        self.policy.state["gen_s"] += time.perf_counter() - t0
-        for c in done:
-            episode, turn = self.by_rid.pop(c.request_id)
-            out.append((episode, self.policy._generation(c, episode=episode, turn=turn)))
-        return out
-
-    def release(self, episode: int) -> None:
-        self.policy.engine.release((self.session, int(episode)))
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.by_rid)
-
-
-class EnginePolicy:
-    """The engine as the agent's policy (horizon.agent).
-
-    `params_ref` is a `sampler.ParamsHolder` or a ``poll() -> (params, version)`` function; the
-    engine polls it at every host round-trip (<= `chunk_tokens` decode steps), so a swap takes
-    effect mid-generation (per-token versions, `kv_mode`). `cfg` is the full config (model +
-    `rl.sampler`); `overrides` replace sampler keyword arguments (temperature, top_p, stop_tokens)
-    or `EngineConfig` fields. ``policy(contexts, max_new)`` consumes a fresh split of `key` per call
-    and gives row i the key ``fold_in(split, i)``, as `generate` does (`sampler.sequence_keys`), hence the
-    same samples; ``policy.stream()`` (a fresh split) is the independent-episode interface. `state`
-    counts switches, generated tokens, prefill tokens computed / reused and seconds in engine calls
-    (`gen_s`: tool calls that overlap decoding are not in it).
-    """
-
-    def __init__(self, params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
-                 engine: EngineConfig | None = None, **overrides):
-        skw = sampler.sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
-        ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        eng = {k: overrides.pop(k) for k in list(overrides) if k in ec_fields}
-        skw.update(overrides)
-        self.temperature = float(skw.get("temperature", 1.0))
-        self.top_p = float(skw.get("top_p", 1.0))
-        if chunk_tokens:
-            eng["sync_tokens"] = int(chunk_tokens)
-        if kv_mode is not None:
-            eng["kv_mode"] = kv_mode
-        poll = params_ref.get if isinstance(params_ref, sampler.ParamsHolder) else params_ref
-        self.engine = make_engine(cfg, poll=poll, engine=engine, stop_tokens=skw.get("stop_tokens"), **eng)
-        self.params_ref = params_ref
-        self._lock = threading.Lock()
-        self._sessions = 0
-        self.state = {"key": key, "switches": 0, "tokens": 0, "prefill_tokens": 0, "reused_tokens": 0,
-                      "gen_s": 0.0}
-        self.log: list[dict] = []     # per generation: episode, turn, context / prefill / reused / generated tokens
-
-    def _split(self) -> jax.Array:
-        with self._lock:
-            self.state["key"], sub = jax.random.split(self.state["key"])
-        return sub
-
-    def _new_session(self) -> int:
-        with self._lock:
-            self._sessions += 1
-            return self._sessions
-
-    def _request(self, context, key, max_new: int, owner=None) -> Request:
-        return Request(np.asarray(context, np.int32), key, int(max_new), None, self.temperature, self.top_p, owner)
-
-    def _generation(self, c: Completion, episode: int | None = None, turn: int | None = None):
-        from horizon.agent import Generation  # the agent owns the type
-
-        self.log.append(dict(episode=episode, turn=turn, context_tokens=c.prefill_tokens + c.reused_tokens,
-                             prefill_tokens=c.prefill_tokens, reused_tokens=c.reused_tokens,
-                             generated_tokens=len(c.tokens)))
-        self.state["tokens"] += len(c.tokens)
-        self.state["prefill_tokens"] += c.prefill_tokens
-        self.state["reused_tokens"] += c.reused_tokens
-        self.state["switches"] = int(self.engine.stats["switches"])
-        return Generation(tokens=c.tokens, logprobs=c.logprobs, router_indices=c.router_indices,
-                          policy_version=c.versions)
-
-    def __call__(self, contexts: list, max_new_tokens: int) -> list:
-        sub = self._split()
-        keys = sampler.sequence_keys(sub, len(contexts))
-        reqs = [self._request(ctx, keys[i], max_new_tokens) for i, ctx in enumerate(contexts)]
-        t0 = time.perf_counter()
-        done = generate_requests(self.engine, reqs)
-        self.state["gen_s"] += time.perf_counter() - t0
-        return [self._generation(c) for c in done]
-
-    def stream(self) -> EngineStream:
-        """A fresh stream (its own key split) for one `run_episodes` call."""
-        return EngineStream(self, self._split())
-
-
-# ------------------------------------------------------------------------------ the one factory
-def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
-                   **overrides) -> EnginePolicy:
-    """The agent policy every caller samples with (SPEC §4, §4.1, §7): an `EnginePolicy` for the RL
-    loops' group rollouts (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval
-    (`rl.runtime.loop.evaluate`) and the eval harness (`eval.harness.policy_from_params`), on one
-    device or sharded over the config's mesh (module docstring). `params_ref` is a
-    `sampler.ParamsHolder` or ``poll() -> (params, version)``, polled at every engine round-trip
-    (<= `chunk_tokens` decode steps); an episode's samples depend on its own key only; the policy
-    counts ``state["switches"]``, ``state["tokens"]`` and ``state["gen_s"]`` (seconds in engine calls).
-    `cfg` needs the `rl.sampler` section (the engine's sizes, configs/rl_tiny.py)."""
-    return EnginePolicy(params_ref, cfg, key, chunk_tokens=chunk_tokens, kv_mode=kv_mode, **overrides)

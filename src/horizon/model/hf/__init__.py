@@ -92,6 +92,13 @@ import jax
 import ml_collections
 import ml_dtypes
 import numpy as np
+from horizon.utils.config import load_config_file
+from horizon.model import transformer
+from horizon.model import layers
+from horizon.data.tokenizer import add_chat_specials
+from horizon.data.tokenizer import load_tokenizer
+from horizon.utils.config import ConfigError
+from horizon.data.tokenizer import resolve_tokenizer_file
 
 # ---------------------------------------------------------------------------------------------
 # Config mapping
@@ -171,7 +178,6 @@ def _default_base() -> ml_collections.ConfigDict:
     path = pathlib.Path(__file__).resolve().parents[3] / "configs" / "tiny.py"
     if not path.exists():
         raise FileNotFoundError(f"no base config given and {path} not found; pass base=<model ConfigDict>")
-    from horizon.utils.config import load_config_file
 
     return load_config_file(path).model
 
@@ -466,8 +472,6 @@ def _get_path(tree: dict, path: tuple[str, ...]):
 
 def _param_spec(cfg) -> dict:
     """Shapes/dtypes of `transformer.init(key, cfg)` without allocating (the model is the source of truth)."""
-    from horizon.model import transformer
-
     return jax.eval_shape(lambda k: transformer.init(k, _model_cfg(cfg)), jax.random.PRNGKey(0))
 
 
@@ -506,8 +510,6 @@ def fresh_mtp_params(cfg, seed: int, sharding=None) -> dict:
     """A freshly initialised MTP subtree (issue 22): ``layers.materialize(PRNGKey(seed), mtp_spec(cfg))``,
     the repo's own init rules (matrices ~ N(0, init_std^2), norms 1, router bias 0); deterministic in
     `seed`. `sharding`: a pytree of shardings for the subtree (jit ``out_shardings``), or None."""
-    from horizon.model import layers, transformer
-
     spec = transformer.mtp_spec(_model_cfg(cfg))
     return jax.jit(lambda k: layers.materialize(k, spec), out_shardings=sharding)(jax.random.PRNGKey(seed))
 
@@ -767,9 +769,6 @@ def apply_init_from(c) -> None:
     without a chat template gets them added (written beside it as `CHAT_TOKENIZER_FILE`) and
     `model.vocab_size` grows to cover them: `pretrained_params` initialises the new embedding and
     LM-head rows. Raises `ConfigError` (one line) for a directory without config.json."""
-    from horizon.data.tokenizer import add_chat_specials, load_tokenizer  # noqa: PLC0415
-    from horizon.utils.config import ConfigError  # noqa: PLC0415
-
     m = c.model
     src = str(m.get("init_from", "") or "")
     if not src:
@@ -791,7 +790,6 @@ def apply_init_from(c) -> None:
     except ValueError as e:
         if "lacks horizon's chat special tokens" not in str(e):
             raise ConfigError(f"model.tokenizer={spec!r}: {e}") from None
-        from horizon.data.tokenizer import resolve_tokenizer_file  # noqa: PLC0415
 
         f = resolve_tokenizer_file(spec)
         out = f.parent / CHAT_TOKENIZER_FILE

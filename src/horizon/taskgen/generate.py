@@ -56,8 +56,10 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL, WORKSPACE
-from horizon.tasks import mutate, repos, swebench
+from horizon.taskgen import mutate, repos
+from horizon.tasks import swebench
 from horizon.tasks.task import TaskError
+from horizon.sandbox.factory import open_sandbox
 
 GEN_FORMAT = "4"                  # bump when validation or instance layout changes (invalidates the cache)
 INSTANCE_IMAGE_REPO = "horizon-swegen"
@@ -178,7 +180,7 @@ def make_instance(spec: repos.RepoSpec, m: mutate.Mutation, v: Verdict, key: str
     """The `SweInstance` of a kept candidate (module docstring, step 4)."""
     if v.status != "kept":
         raise TaskError(f"{m.location}: candidate was not kept ({v.status})")
-    extra = {"metadata": {"generator": "horizon.tasks.generate", "format": GEN_FORMAT, "kind": m.kind,
+    extra = {"metadata": {"generator": "horizon.taskgen.generate", "format": GEN_FORMAT, "kind": m.kind,
                           "file": m.path, "line": m.line, "function": m.function, "description": m.description,
                           "version": spec.version, "key": key}}
     return swebench.SweInstance(instance_id(spec, m, key), spec.repo, base_commit, m.gold_patch, "",
@@ -285,8 +287,6 @@ def coverage_map(spec: repos.RepoSpec, baseline: dict, *, root=None, force: bool
     """{"path:first line": [stable test ids that ran that function]} for the mutable modules,
     from one traced suite run in the repository image; cached in ``coverage.json`` beside the
     baseline, keyed by the image labels. `tests_for` turns it into a mutation's relevant tests."""
-    from horizon.sandbox.factory import open_sandbox  # noqa: PLC0415
-
     path = repos.repo_dir(spec, root) / "coverage.json"
     if not force and path.is_file():
         old = json.loads(path.read_text())
@@ -365,8 +365,6 @@ def validate_one(sandbox, spec, baseline, m: mutate.Mutation, tests=None) -> Ver
 def validate_many(spec, baseline, jobs, *, workers: int = 1, log=None, t0: float | None = None) -> list[Verdict]:
     """Verdicts of `jobs` [(mutation, tests)] in order, validated by a pool of `workers` threads,
     each with its own container of the repository image (opened on its first job)."""
-    from horizon.sandbox.factory import open_sandbox  # noqa: PLC0415
-
     local, boxes, lock = threading.local(), [], threading.Lock()
     done = [0]
     t0 = time.monotonic() if t0 is None else t0

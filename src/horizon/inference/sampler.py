@@ -1,7 +1,7 @@
 """Batched autoregressive sampling with the MLA latent KV cache (SPEC §1, §4).
 
 `generate` decodes one fixed batch of prompts. Agents and every RL / eval caller sample through the
-rollout engine instead (`horizon.rl.rollout.engine.rollout_policy`), which runs this module's decode
+rollout engine instead (`horizon.inference.policy.rollout_policy`), which runs this module's decode
 step (`decode_one`) and sampling (`sample_from_logits`, `token_keys`), so a request samples what
 `generate` samples for it alone with the same key; `generate` stays the reference and the fixed-batch
 path of benchmarks and tests.
@@ -23,7 +23,7 @@ token (END_TURN / EOS by default; the stop token is kept and trained on) or reac
 
 Log-probs. ``logprobs[j] = log_softmax(logits)[token_j]`` of the **untempered** model at
 temperature 1 and without the top-p truncation, i.e. the same quantity the trainer computes
-(`horizon.rl.maths.trainer.token_logprobs`), so the importance ratio ``exp(logp_train -
+(`horizon.rl.algo.trainer.token_logprobs`), so the importance ratio ``exp(logp_train -
 logp_sampler)`` compares like with like and is 1 up to numerics when weights and routing
 match. The tokens themselves are drawn from the tempered, nucleus-truncated distribution;
 that distribution shift is not corrected (as in the report's setup and most RL stacks);
@@ -75,7 +75,7 @@ from horizon.data.tokenizer import tokenizer_from_config
 from horizon.model import layers, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
-from horizon.rl.maths.batch import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
+from horizon.utils.shapes import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
 
 KV_MODES = ("keep", "recompute")
 
@@ -482,7 +482,7 @@ class ParamsHolder:
     """Mutable holder for the sampler's weights + a version counter (SPEC §4.1).
 
     The trainer (or weight-sync receiver) calls `update(new_params)`; the rollout engine's policy
-    (`engine.EnginePolicy`, `engine.rollout_policy`) polls `get` at every engine round-trip, so a
+    (`policy.EnginePolicy`, `policy.rollout_policy`) polls `get` at every engine round-trip, so a
     swap takes effect at its next one (tokens tagged with the version that sampled them).
     """
 

@@ -1,6 +1,6 @@
 """RL train step: router-replayed forward, Dr.GRPO policy gradient with KL, Adam (SPEC §4).
 
-One step on a batch from `horizon.rl.maths.batch.build_batch`:
+One step on a batch from `horizon.rl.algo.batch.build_batch`:
 
 1. Router replay (SPEC §1, §4.1): tokens with recorded inference experts use them; tokens
    without a record (prompt, observations, padding: index -1) take the router's own choice,
@@ -55,8 +55,8 @@ from jaxtyping import Array, Bool, Float, Int
 from horizon.model import moe, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
-from horizon.rl.maths import losses
-from horizon.rl.maths.batch import ROW_FIELDS
+from horizon.rl.algo import losses
+from horizon.rl.algo.batch import ROW_FIELDS
 from horizon.train import optim
 
 
@@ -364,7 +364,7 @@ def compile_train_step(state: RLState, batch: dict, *, cfg):
     """Ahead-of-time compiled `train_step` for this state and batch shape (for memory, cost and
     collective analysis: `.memory_analysis()`, `.cost_analysis()`, `.as_text()`). `state` and
     `batch` may be abstract (`jax.ShapeDtypeStruct` leaves, placed on the run's mesh for a state:
-    `horizon.rl.memory.abstract_state`): nothing is allocated."""
+    `horizon.rl.runtime.memory.abstract_state`): nothing is allocated."""
     mesh, frozen, b = _step_args(state, batch, cfg)
     if mesh is None:
         return _train_step_jit.lower(state, b, cfg=frozen).compile()

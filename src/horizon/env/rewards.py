@@ -21,7 +21,7 @@ reward contribution (penalties return values <= 0). ``cfg.behaviour`` maps hook 
 weights; ``total_reward`` adds ``Σ weight · hook(stats)``. Register new hooks with
 ``register_behaviour_hook``.
 
-Stats dict keys (produced by the agent loop): ``STATS_KEYS``.
+Stats dict keys (produced by the agent loop): `horizon.agent.stats.STATS_KEYS`.
 """
 
 from __future__ import annotations
@@ -32,10 +32,8 @@ from typing import Callable, Mapping
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-STATS_KEYS = (      # the one list: the agent loop (horizon.agent.rollout) fills exactly these per episode
-    "thinking_tokens", "tool_call_tokens", "tool_output_tokens", "final_tokens",
-    "tool_calls", "turns", "summaries", "todos_created", "todos_completed", "malformed_calls", "summary_tokens",
-)
+from horizon.agent.stats import STATS_KEYS
+
 # Stats entering the effort x, and the name of their weight in cfg.weights.
 EFFORT_WEIGHTS = {
     "thinking_tokens": "thinking",

@@ -1,7 +1,7 @@
 """Chain-of-segments batch layout for the RL trainer (SPEC §4 "Advantages for summary chains", §6).
 
 Input: `groups[g]` = the G rollouts (chains, `horizon.agent.Trajectory`) of prompt g and
-`rewards[g][j]` = the scalar reward of chain (g, j) (verifier + shaping, `horizon.rl.maths.rewards`).
+`rewards[g][j]` = the scalar reward of chain (g, j) (verifier + shaping, `horizon.env.rewards`).
 The group baseline is computed per prompt over whole chains (`losses.group_advantages`,
 Dr.GRPO: reward - group mean, no std division by default). Every segment of a chain becomes
 its **own row** (its context was rewritten, so it is a separate sequence) and every row of
@@ -39,26 +39,12 @@ from typing import Sequence
 import numpy as np
 
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.rl.maths import losses
+from horizon.rl.algo import losses
+from horizon.utils.shapes import bucket
+from horizon.model import transformer
 
 # end reasons (horizon.agent.rollout) that mean "cut by a length/step limit"
 DEFAULT_TRUNCATED_REASONS = ("token_budget", "context_full", "max_steps")
-
-
-def bucket(n: int, minimum: int, *, per_octave: int = 1) -> int:
-    """Smallest compile-shape bucket >= max(n, minimum) (batch rows here, the sampler's batch /
-    prompt / generation lengths, the rollout engine's attention windows): a power of two, or with
-    ``per_octave`` = 2, 4, ... also that many evenly spaced steps per doubling (2: ..., 64, 96, 128,
-    192, 256, ...; 4: ..., 128, 160, 192, 224, 256, ...): at most 1 + 1/per_octave times the need
-    instead of 2x, for per_octave times the shapes."""
-    if per_octave < 1 or per_octave & (per_octave - 1):
-        raise ValueError(f"per_octave must be a power of two (1, 2, 4, ...), got {per_octave}")
-    n = max(int(n), int(minimum), 1)
-    p = 1 << (n - 1).bit_length()
-    step = p // (2 * per_octave)
-    if per_octave > 1 and step >= 1:
-        return p // 2 + step * -(-(n - p // 2) // step)
-    return p
 
 
 def build_batch(
@@ -167,7 +153,7 @@ ROW_FIELDS = dict(tokens=None, valid=False, loss_mask=False, sampler_logprobs=0.
 def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *, pad_id: int) -> dict[str, np.ndarray]:
     """`build_batch`'s rows regrouped into M micro-batches of `micro_rows` rows each, stacked on a
     new leading axis ([M, micro_rows, S], replay [M, L, micro_rows*S, k]), for the trainer's
-    gradient accumulation (`horizon.rl.maths.trainer`): the step's activation memory then scales with
+    gradient accumulation (`horizon.rl.algo.trainer`): the step's activation memory then scales with
     `micro_rows`, not with the whole batch.
 
     Whole chains go to one micro-batch (first-fit in chain order), so the KL reward-to-go across a
@@ -214,7 +200,7 @@ def batch_shapes(rows: int, seq: int, *, groups: int, group_size: int, num_moe_l
     """{field: (shape, dtype)} of `build_batch`'s arrays for R = `rows`, S = `seq`, Nb = `groups`
     (bucketed sizes, as `build_batch` makes them), or with `micro_rows` > 0 of `split_microbatches`'
     M = `microbatches` micro-batches of that many rows: the abstract batch of a step that has not
-    run yet (`horizon.rl.memory`; tests/rl/test_batch.py checks it against real batches)."""
+    run yet (`horizon.rl.runtime.memory`; tests/rl/test_batch.py checks it against real batches)."""
     L, k, G = int(num_moe_layers), int(experts_per_tok), int(group_size)
     lead = (int(microbatches), int(micro_rows)) if micro_rows > 0 else (int(rows),)
     n = int(np.prod(lead[-1:])) * int(seq)
@@ -255,8 +241,6 @@ def permute_rows(batch: dict[str, np.ndarray], order: np.ndarray) -> dict[str, n
 def build_batch_from_config(groups, rewards, cfg) -> dict[str, np.ndarray]:
     """`build_batch` with shapes/options from the full config (`c.model`, `c.rl`, `c.rl.batch`);
     split into micro-batches of `rl.batch.micro_rows` rows when that is > 0."""
-    from horizon.model import transformer
-
     m, rl = cfg.model, cfg.rl
     pad = tokenizer_from_config(cfg).pad_id
     b = build_batch(

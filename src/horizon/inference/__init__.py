@@ -5,7 +5,7 @@
   decode with stops, per-request keys and sampling parameters, in-flight weight swaps) and
   `EnginePolicy`, its adapter to the agent (``policy(contexts, max_new)`` and ``policy.stream()``,
   with which `horizon.agent.run_episodes` advances episodes independently).
-  `engine.rollout_policy` is every caller's policy factory (RL loop, async workers, held-out eval,
+  `policy.rollout_policy` is every caller's policy factory (RL loop, async workers, held-out eval,
   eval harness): the engine, on one device or sharded over the run's multi-device mesh.
 - `sampler.py`: the one fixed-batch `generate` (latent-cache decoding in device chunks, per-sequence
   keys, a `poll` hook for in-flight weight swaps, the mesh's sharded placement; benchmarks and tests

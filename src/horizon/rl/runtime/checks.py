@@ -19,13 +19,18 @@ from horizon.data.tokenizer import validate_tokenizer
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
-from horizon.rl.maths import losses, rewards
+from horizon.env import rewards
+from horizon.rl.algo import losses
 from horizon.rl.runtime.async_loop import POOLS, docker_host_for, mesh_devices, parse_resources
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
 from horizon.train.optim import validate_optim_config
 from horizon.env.families import FAMILIES, family_from_config
+from horizon.inference.config import validate_engine
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
+from horizon.rl.runtime.core import batch_slots
+from horizon.sandbox import docker_available
+from horizon.utils.files import storage_protocols
 
 BACKENDS = ("docker", "local")
 CORRUPT_KINDS = ("next", "random")
@@ -84,7 +89,7 @@ def validate_rl(c, steps: int) -> None:
     for k in ("min_rows", "min_seq", "min_groups"):
         need_int(b, k, "rl.batch", lo=1)
     need_int(b, "micro_rows", "rl.batch", lo=0)
-    if "memory_check" in r:           # horizon.rl.memory
+    if "memory_check" in r:           # horizon.rl.runtime.memory
         need_float(r.memory_check, "fraction", "rl.memory_check", 0.0, 1.0, lo_open=True)
         need_float(r.memory_check, "budget_gib", "rl.memory_check", 0.0)
         if "mappings_fraction" in r.memory_check:
@@ -96,60 +101,6 @@ def validate_rl(c, steps: int) -> None:
     need_int(r, "hard_prompt_start_step", "rl", lo=-1)
     need_int(r.infra, "group_retries", "rl.infra", lo=0)
     need_int(r.infra, "replacements", "rl.infra", lo=0)
-
-
-ENGINE_COUNTS = ("engine_slots", "engine_prefill_chunk", "engine_min_prefill_chunk", "engine_min_window",
-                 "engine_stop_slots", "engine_refill_slots")   # rl.sampler fields that must be >= 1
-
-
-def validate_engine(c) -> None:
-    """`rl.sampler`'s `engine_*` fields (`horizon.rl.rollout.engine.engine_config`, SPEC §4; the rollout
-    engine is every caller's sampler): sizes >= 1, a slot count that divides over the engine replicas
-    (`engine_replicas`, 1 with a multi-device mesh) and over the data-parallel
-    ranks of the config's mesh (a buildable one, `mesh.validate_mesh`; the slot cache is split over
-    them, `engine.Engine`), a smallest prefill chunk
-    within the largest, a refill count within the slots, a slot length (`engine_max_len`, 0 =
-    `model.max_seq_len`) within the model's that holds a whole agent context (`agent.max_context_tokens`:
-    a turn's context + its generation; not for the async toy env), a stop table wide enough for the
-    tokenizer's stop ids, and a swap store of >= 0 positions (-1 = slots x max_len). A sampler section
-    without engine fields: nothing to check."""
-    from horizon.data.tokenizer import tokenizer_from_config  # noqa: PLC0415
-
-    s, pre = c.rl.sampler, "rl.sampler"
-    if "engine_slots" not in s:
-        return
-    for k in ENGINE_COUNTS:
-        need_int(s, k, pre, lo=1)
-    if "engine_window_per_octave" in s:
-        wpo = need_int(s, "engine_window_per_octave", pre, lo=1, hi=64)
-        need(wpo & (wpo - 1) == 0, f"{pre}.engine_window_per_octave", wpo, "must be a power of two (1, 2, 4, ...)")
-    if "engine_min_reuse" in s:
-        need_int(s, "engine_min_reuse", pre, lo=1)
-    replicas = need_int(s, "engine_replicas", pre, lo=1) if "engine_replicas" in s else 1
-    need(int(s.engine_slots) % replicas == 0, f"{pre}.engine_slots", s.engine_slots,
-         f"must be a multiple of {pre}.engine_replicas={replicas} (each replica holds slots / replicas)")
-    if "mesh" in c:        # every caller validates the mesh this way too; first, so its error is the one shown
-        pmesh.validate_mesh(c, power_of_two_ranks=True)
-        nb = math.prod(pmesh.mesh_sizes(c.mesh)[a] for a in pmesh.BATCH_AXES)
-        need(int(s.engine_slots) % nb == 0, f"{pre}.engine_slots", s.engine_slots,
-             f"must be a multiple of the mesh's {nb} data-parallel ranks (data*fsdp*expert): the slot cache is split over them")
-        need(replicas == 1 or math.prod(pmesh.mesh_sizes(c.mesh).values()) == 1, f"{pre}.engine_replicas", replicas,
-             "must be 1 with a multi-device mesh (the engine runs sharded over it; replicas are one device each)")
-    max_seq = int(c.model.max_seq_len)
-    max_len = need_int(s, "engine_max_len", pre, lo=0, hi=max_seq) or max_seq
-    need(int(s.engine_min_prefill_chunk) <= int(s.engine_prefill_chunk), f"{pre}.engine_min_prefill_chunk",
-         s.engine_min_prefill_chunk, f"must be <= {pre}.engine_prefill_chunk={s.engine_prefill_chunk}")
-    need(int(s.engine_refill_slots) <= int(s.engine_slots), f"{pre}.engine_refill_slots", s.engine_refill_slots,
-         f"must be <= {pre}.engine_slots={s.engine_slots}")
-    need_int(s, "engine_park_tokens", pre, lo=-1)
-    stops = len(tokenizer_from_config(c).stop_ids)
-    need(int(s.engine_stop_slots) >= stops, f"{pre}.engine_stop_slots", s.engine_stop_slots,
-         f"must hold the tokenizer's {stops} stop ids")
-    toy = "async_" in c and str(c.async_.env) == "toy"       # no agent episodes (workers.toy_rollout)
-    if "agent" in c and not toy:
-        ctx = int(c.agent.max_context_tokens)
-        need(max_len >= ctx, f"{pre}.engine_max_len", s.engine_max_len,
-             f"a slot ({max_len} positions) must hold agent.max_context_tokens={ctx}")
 
 
 def validate_rl_mesh(c) -> None:
@@ -224,8 +175,6 @@ def validate_family(c, env: str | None) -> None:
 
 def validate_pool_size(c) -> None:
     """`exp.pool_size` holds one generation batch's rollouts (`runtime.batch_slots` * group size)."""
-    from horizon.rl.runtime.core import batch_slots
-
     slots = batch_slots(c) * int(c.rl.group_size)
     need(int(c.exp.pool_size) >= slots, "exp.pool_size", c.exp.pool_size,
          f"must hold one generation's rollouts (rl.slots_per_batch or rl.prompts_per_step, times rl.group_size "
@@ -244,8 +193,6 @@ def validate_sandboxes(c) -> None:
     if "demo_backend" in e:
         need_choice(e, "demo_backend", "exp", BACKENDS)
     if "docker" in backends:
-        from horizon.sandbox import docker_available
-
         if not docker_available():
             raise ConfigError("exp.backend='docker': no Docker engine answers (start it, or "
                               "--config.exp.backend=local for an unisolated run)")
@@ -293,8 +240,6 @@ def validate_storage_url(url: str) -> None:
         return
     from fsspec.core import split_protocol  # noqa: PLC0415
     from fsspec.registry import get_filesystem_class  # noqa: PLC0415
-
-    from horizon.utils.files import storage_protocols  # noqa: PLC0415
 
     proto = split_protocol(url)[0] or "file"
     try:

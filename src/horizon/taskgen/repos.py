@@ -41,6 +41,7 @@ import tomllib
 from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL, WORKSPACE
 from horizon.tasks import swebench
 from horizon.tasks.task import TaskError
+from horizon.sandbox.factory import open_sandbox
 
 REPO_FORMAT = "1"                 # bump when the repository/image layout changes (forces rebuilds)
 MANIFEST_PATH = pathlib.Path(__file__).resolve().parents[3] / "envs" / "repos" / "manifest.toml"
@@ -334,8 +335,6 @@ def run_suite(sandbox, command: str, timeout: float) -> tuple[dict[str, str], st
 def screen_suite(spec: RepoSpec, labels: dict[str, str], *, root=None, runs: int = 2, force: bool = False) -> dict:
     """The baseline of `spec.image` (module docstring, step 4), cached in ``baseline.json``:
     {labels, stable, flaky, suite_s (slowest run), runs}."""
-    from horizon.sandbox.factory import open_sandbox  # noqa: PLC0415
-
     path = repo_dir(spec, root) / "baseline.json"
     if not force and path.is_file():
         old = json.loads(path.read_text())

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 from jaxtyping import Int
 
-from horizon.rl.rollout.engine import common_prefix  # the engine's own LCP, which its reuse counts use
+from horizon.inference.engine import common_prefix  # the engine's own LCP, which its reuse counts use
 
 
 def compaction_error(solved: bool, seen_before: Sequence[str], memory: str) -> bool:
@@ -36,7 +36,7 @@ def compaction_error(solved: bool, seen_before: Sequence[str], memory: str) -> b
 def prefill_tokens(segments: Sequence[Int[np.ndarray, "n"]], generated: int) -> int:
     """Tokens an engine with one KV cache per episode prefills (computes without decoding them):
     every position of every segment except its longest common prefix with the previous segment
-    (the cache survives a rewrite up to the first changed token; `horizon.rl.rollout.engine`'s
+    (the cache survives a rewrite up to the first changed token; `horizon.inference.engine`'s
     LCP reuse), minus the `generated` tokens the policy decoded (those are computed by decoding).
     A self-summary restart keeps [system, task]; masking keeps everything up to the first newly
     masked output."""

@@ -35,9 +35,11 @@ import jax
 
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
-from horizon.rl.maths import batch as rlbatch
-from horizon.rl.maths import trainer
+from horizon.rl.algo import batch as rlbatch
+from horizon.utils.shapes import bucket
+from horizon.rl.algo import trainer
 from horizon.utils.config import ConfigError
+from horizon.utils import cli
 
 GIB = 2 ** 30
 
@@ -105,9 +107,9 @@ def step_shape(c, *, chains: int, segments_per_chain: int, seq: int, groups: int
     b = c.rl.batch
     G = int(c.rl.group_size)
     groups = groups if groups is not None else -(-int(chains) // G)
-    R = rlbatch.bucket(int(chains) * int(segments_per_chain), int(b.min_rows))
-    S = rlbatch.bucket(int(seq), int(b.min_seq))
-    Nb = rlbatch.bucket(int(groups), int(b.min_groups))
+    R = bucket(int(chains) * int(segments_per_chain), int(b.min_rows))
+    S = bucket(int(seq), int(b.min_seq))
+    Nb = bucket(int(groups), int(b.min_groups))
     micro = int(b.get("micro_rows", 0) or 0)
     if micro <= 0:
         return StepShape(R, S, Nb)
@@ -250,8 +252,6 @@ def preflight(c, *, prog: str) -> StepMemory | None:
     """A driver's `rl.memory_check` before any sandbox, warm start or eval (experiments/rl.py,
     experiments/selfsum.py): `check_step_memory`, its line printed; a step that cannot fit stops the
     driver with the one-line error and exit code 2 (`cli.fail`)."""
-    from horizon.utils import cli  # noqa: PLC0415
-
     t0 = time.time()
     try:
         mem = check_step_memory(c)

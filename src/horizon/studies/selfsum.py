@@ -2,7 +2,7 @@
 chains per context strategy with an equal share of trained tokens per strategy (`balance_rows`) in
 both SFT stages, the stage-1 curriculum, the teacher-forced copy checks after SFT
 (`key_copy_check`, `copy_check_lines`), the held-out evaluation that keeps per-episode records
-(`study_eval`, `episode_record`; metrics in `horizon.env.selfsum_metrics`), the per-seed run
+(`study_eval`, `episode_record`; metrics in `horizon.studies.selfsum_metrics`), the per-seed run
 (`run_seed`), the quick mode (`apply_quick`), validation (`validate_study`), and the result table
 and figure."""
 
@@ -20,12 +20,16 @@ import ml_collections
 import numpy as np
 
 from horizon.agent.summarize import SUMMARIZING
-from horizon.env import selfsum_metrics as sm
+from horizon.studies import selfsum_metrics as sm
 from horizon.env.demos import key_recall_demos, ordered_keys
 from horizon.env.families import family_from_config
 from horizon.model import transformer
 from horizon.tasks import key_recall
 from horizon.utils.config import ConfigError, deep_merge, need, need_float, need_int
+from horizon.sandbox import open_sandbox
+from horizon.eval import harness
+from horizon.rl.runtime import checks
+from horizon.agent.summarize import STRATEGIES
 
 STUDY_FAMILIES = ("key_recall", "key_relay")
 
@@ -41,8 +45,6 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
               correct_finals_only: bool = False):
     """Demo segments for each of `strategies` on `tasks` (default: train seeds [0, n_sft_tasks),
     the same tasks for each strategy): one list, or {strategy: rows} with `per_strategy`."""
-    from horizon.sandbox import open_sandbox
-
     tasks = family.tasks("train", int(c.exp.n_sft_tasks)) if tasks is None else tasks
     boxes = [open_sandbox(c.exp.demo_backend, c.exp.sandbox_image if c.exp.demo_backend == "docker" else None)
              for _ in range(int(c.exp.demo_sandboxes))]
@@ -269,9 +271,7 @@ def study_eval(policy, env, tasks, c, tok, *, strategy: str, seed: int) -> dict:
     sandboxes (as `loop.evaluate`), keeping each episode (`episode_fn` hook) for `episode_record`:
     `harness.pass_summary`'s numbers plus `episodes` (records in the harness's order, pass index
     added) and `engine_prefill_tokens` (the rollout engine's own count, when the policy has one)."""
-    from horizon.eval import harness
-
-    setup = env.eval_setup(tok, int(c.exp.eval.passes))
+    setup = harness.pooled_setup(env, tok, int(c.exp.eval.passes))
     made, build = [], setup.episode_fn
     setup = dataclasses.replace(setup, episode_fn=lambda t, sb: made.append(build(t, sb)) or made[-1])
     records = harness.run_eval(policy, tasks, setup, policy_name=strategy)
@@ -289,7 +289,7 @@ def study_eval(policy, env, tasks, c, tok, *, strategy: str, seed: int) -> dict:
 
 def study_evaluator(env, tasks, c, tok, *, strategy: str, policy_fn):
     """`run_rl`'s eval hook for the study: `study_eval` of `policy_fn(params, step)` (the driver
-    passes `loop.evaluate`'s policy: `engine.rollout_policy` at ``fold_in(run_keys(seed)["eval"],
+    passes `loop.evaluate`'s policy: `policy.rollout_policy` at ``fold_in(run_keys(seed)["eval"],
     step)``; the env layer does not import the RL runtime)."""
     return lambda params, step: study_eval(policy_fn(params, step), env, tasks, c, tok, strategy=strategy,
                                            seed=int(c.seed))
@@ -335,19 +335,15 @@ def apply_quick(c) -> None:
 
 def validate_config(c) -> None:
     """The study drivers' `cli.load` validation (experiments/selfsum.py, benchmarks/selfsum_scope.py):
-    `rl.checks.validate_experiment`, then `validate_study`."""
-    from horizon.rl import checks  # noqa: PLC0415  (the RL layer's checks read the env families)
-
+    `rl.runtime.checks.validate_experiment`, then `validate_study`."""
     checks.validate_experiment(c, None)
     validate_study(c)
 
 
 def validate_study(c) -> None:
-    """The study's own fields (after `rl.checks.validate_experiment`): a study family, every strategy
+    """The study's own fields (after `rl.runtime.checks.validate_experiment`): a study family, every strategy
     known and once, self-summary among them (the paired differences' baseline), >= 1 distinct
     non-negative seed, the report's bootstrap and copy-check settings."""
-    from horizon.agent.summarize import STRATEGIES
-
     e = c.exp
     need(e.env in STUDY_FAMILIES, "exp.env", e.env, f"must be one of {STUDY_FAMILIES}")
     st = tuple(e.strategies)

@@ -1,0 +1,163 @@
+"""The policy interface the agent samples through, and the rollout engine behind it.
+
+A policy maps contexts to `Generation`s: ``policy(contexts, max_new)`` (batched) and, for engines,
+``policy.stream()``, through which `horizon.agent.run_episodes` advances episodes independently.
+`rollout_policy` is every caller's factory (docs/ARCHITECTURE.md, "inference").
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jaxtyping import Float, Int
+
+from horizon.inference import sampler
+from horizon.inference.engine import Completion, EngineConfig, Request, generate_requests, make_engine
+
+
+@dataclasses.dataclass
+class Generation:
+    """One generated turn from the policy. Generation stops at END_TURN/EOS (included)."""
+
+    tokens: Int[np.ndarray, "m"]
+    logprobs: Float[np.ndarray, "m"]
+    router_indices: Any = None          # int32[L_moe, m, k] or None
+    policy_version: Any = 0             # int, or int32[m] per token (in-flight weight updates)
+
+    def versions(self) -> np.ndarray:
+        v = np.asarray(self.policy_version, np.int32)
+        return np.full(len(self.tokens), int(v), np.int32) if v.ndim == 0 else v
+
+
+Policy = Callable[[list, int], list]   # policy(contexts: list[int32[n]], max_new_tokens) -> list[Generation]
+
+
+class EngineStream:
+    """One `run_episodes` call's view of an `EnginePolicy` (the interface `horizon.agent.run_episodes`
+    drives episodes through independently): `submit(episode, context, max_new)` queues an episode's
+    turn (owner = the episode: its cache persists between turns), `advance()` runs one engine
+    round-trip and returns the ``(episode, Generation)`` pairs that finished, `release(episode)` drops
+    a finished episode's cache. Turn t of episode e draws with key ``fold_in(fold_in(stream key, e), t)``,
+    so an episode's samples do not depend on the timing of the others."""
+
+    def __init__(self, policy: "EnginePolicy", key: jax.Array):
+        self.policy, self.key = policy, key
+        self.session = policy._new_session()
+        self.turns: dict[int, int] = collections.Counter()
+        self.by_rid: dict[int, int] = {}
+
+    def submit(self, episode: int, context: np.ndarray, max_new_tokens: int) -> None:
+        key = jax.random.fold_in(jax.random.fold_in(self.key, int(episode)), self.turns[episode])
+        self.turns[episode] += 1
+        rid = self.policy.engine.submit(self.policy._request(context, key, max_new_tokens,
+                                                             owner=(self.session, int(episode))))
+        self.by_rid[rid] = (int(episode), self.turns[episode] - 1)
+
+    def advance(self) -> list:
+        out = []
+        t0 = time.perf_counter()
+        done = self.policy.engine.step()
+        self.policy.state["gen_s"] += time.perf_counter() - t0
+        for c in done:
+            episode, turn = self.by_rid.pop(c.request_id)
+            out.append((episode, self.policy._generation(c, episode=episode, turn=turn)))
+        return out
+
+    def release(self, episode: int) -> None:
+        self.policy.engine.release((self.session, int(episode)))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.by_rid)
+
+
+class EnginePolicy:
+    """The engine as the agent's policy (horizon.agent).
+
+    `params_ref` is a `sampler.ParamsHolder` or a ``poll() -> (params, version)`` function; the
+    engine polls it at every host round-trip (<= `chunk_tokens` decode steps), so a swap takes
+    effect mid-generation (per-token versions, `kv_mode`). `cfg` is the full config (model +
+    `rl.sampler`); `overrides` replace sampler keyword arguments (temperature, top_p, stop_tokens)
+    or `EngineConfig` fields. ``policy(contexts, max_new)`` consumes a fresh split of `key` per call
+    and gives row i the key ``fold_in(split, i)``, as `generate` does (`sampler.sequence_keys`), hence the
+    same samples; ``policy.stream()`` (a fresh split) is the independent-episode interface. `state`
+    counts switches, generated tokens, prefill tokens computed / reused and seconds in engine calls
+    (`gen_s`: tool calls that overlap decoding are not in it).
+    """
+
+    def __init__(self, params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
+                 engine: EngineConfig | None = None, **overrides):
+        skw = sampler.sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
+        ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        eng = {k: overrides.pop(k) for k in list(overrides) if k in ec_fields}
+        skw.update(overrides)
+        self.temperature = float(skw.get("temperature", 1.0))
+        self.top_p = float(skw.get("top_p", 1.0))
+        if chunk_tokens:
+            eng["sync_tokens"] = int(chunk_tokens)
+        if kv_mode is not None:
+            eng["kv_mode"] = kv_mode
+        poll = params_ref.get if isinstance(params_ref, sampler.ParamsHolder) else params_ref
+        self.engine = make_engine(cfg, poll=poll, engine=engine, stop_tokens=skw.get("stop_tokens"), **eng)
+        self.params_ref = params_ref
+        self._lock = threading.Lock()
+        self._sessions = 0
+        self.state = {"key": key, "switches": 0, "tokens": 0, "prefill_tokens": 0, "reused_tokens": 0,
+                      "gen_s": 0.0}
+        self.log: list[dict] = []     # per generation: episode, turn, context / prefill / reused / generated tokens
+
+    def _split(self) -> jax.Array:
+        with self._lock:
+            self.state["key"], sub = jax.random.split(self.state["key"])
+        return sub
+
+    def _new_session(self) -> int:
+        with self._lock:
+            self._sessions += 1
+            return self._sessions
+
+    def _request(self, context, key, max_new: int, owner=None) -> Request:
+        return Request(np.asarray(context, np.int32), key, int(max_new), None, self.temperature, self.top_p, owner)
+
+    def _generation(self, c: Completion, episode: int | None = None, turn: int | None = None):
+        self.log.append(dict(episode=episode, turn=turn, context_tokens=c.prefill_tokens + c.reused_tokens,
+                             prefill_tokens=c.prefill_tokens, reused_tokens=c.reused_tokens,
+                             generated_tokens=len(c.tokens)))
+        self.state["tokens"] += len(c.tokens)
+        self.state["prefill_tokens"] += c.prefill_tokens
+        self.state["reused_tokens"] += c.reused_tokens
+        self.state["switches"] = int(self.engine.stats["switches"])
+        return Generation(tokens=c.tokens, logprobs=c.logprobs, router_indices=c.router_indices,
+                          policy_version=c.versions)
+
+    def __call__(self, contexts: list, max_new_tokens: int) -> list:
+        sub = self._split()
+        keys = sampler.sequence_keys(sub, len(contexts))
+        reqs = [self._request(ctx, keys[i], max_new_tokens) for i, ctx in enumerate(contexts)]
+        t0 = time.perf_counter()
+        done = generate_requests(self.engine, reqs)
+        self.state["gen_s"] += time.perf_counter() - t0
+        return [self._generation(c) for c in done]
+
+    def stream(self) -> EngineStream:
+        """A fresh stream (its own key split) for one `run_episodes` call."""
+        return EngineStream(self, self._split())
+
+
+def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
+                   **overrides) -> EnginePolicy:
+    """The agent policy every caller samples with (SPEC §4, §4.1, §7): an `EnginePolicy` for the RL
+    loops' group rollouts (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval
+    (`rl.runtime.loop.evaluate`) and the eval harness (`eval.harness.policy_from_params`), on one
+    device or sharded over the config's mesh (module docstring). `params_ref` is a
+    `sampler.ParamsHolder` or ``poll() -> (params, version)``, polled at every engine round-trip
+    (<= `chunk_tokens` decode steps); an episode's samples depend on its own key only; the policy
+    counts ``state["switches"]``, ``state["tokens"]`` and ``state["gen_s"]`` (seconds in engine calls).
+    `cfg` needs the `rl.sampler` section (the engine's sizes, configs/rl_tiny.py)."""
+    return EnginePolicy(params_ref, cfg, key, chunk_tokens=chunk_tokens, kv_mode=kv_mode, **overrides)

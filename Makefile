@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 XLA_CPU8 := --xla_force_host_platform_device_count=8
 
-.PHONY: install image run test test-all clean
+.PHONY: install image run lint test test-all clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ image: install
 # The main job: a small end-to-end RL run on CPU with Docker sandboxes (SFT warm start, then RL).
 run: install image
 	$(PY) experiments/rl.py --config=configs/rl_tiny.py
+
+# The structure checks CI runs before the suite: the layer contract (setup.cfg) and ruff (pyproject.toml).
+lint: install
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
 
 # The default suite (slow and GPU tests are deselected in setup.cfg; `make test-all` runs slow too).
 test: install image

@@ -9,7 +9,7 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
    (configs/rl_tiny.py's `rl.sampler`: buckets 32 / 128 / 128, 16 steps per sync), of the same with a
    host sync after every token (what `generate` did when issue 24 was filed: its multi-token device
    loop came with issue 20), of `generate` with the tightest buckets, of the engine (`engine.Engine`,
-   `rl.sampler.engine_*`), of `--replicas` data-parallel engine replicas (`engine.EngineReplicas`, one
+   `rl.sampler.engine_*`), of `--replicas` data-parallel engine replicas (`replicas.EngineReplicas`, one
    per CPU device: the process is given that many) and of Hugging Face `generate` with the same weights (`--skip-hf` leaves it
    out; `benchmarks/sampling.py`'s export). The same per-sequence keys: horizon's samples must be
    identical (printed). `--baseline-tree DIR` adds another checkout's `generate` on the same prompts
@@ -34,6 +34,7 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -53,6 +54,7 @@ import sampling  # noqa: E402  (same directory: the HF export and generate of be
 from horizon.model.params import numpy_init  # noqa: E402
 from horizon.inference import engine as E  # noqa: E402
 from horizon.inference import policy as engine_policy  # noqa: E402
+from horizon.inference import replicas as R  # noqa: E402
 from horizon.inference import sampler  # noqa: E402
 from horizon.utils import timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
@@ -104,14 +106,14 @@ def fmt(ts):
 
 
 def raw(c, params, args):
-    kw = sampler.sampler_kwargs_from_config(c)
-    tight = dict(kw, min_batch_bucket=1, min_prompt_bucket=16, min_new_bucket=16, sync_tokens=args.new)
+    sc = sampler.sampler_config(c, stop_tokens=())
+    tight = dataclasses.replace(sc, min_batch_bucket=1, min_prompt_bucket=16, min_new_bucket=16, sync_tokens=args.new)
     n = args.batch
     mk = lambda r: prompts(np.random.default_rng(r), n, first_block=r)   # noqa: E731
-    gen = lambda kwargs: lambda p: sampler.generate(params, p, jax.random.key(1), cfg=c, max_new_tokens=args.new,  # noqa: E731
-                                                    stop_tokens=(), **kwargs)
+    gen = lambda s: lambda p: sampler.generate(params, p, jax.random.key(1), cfg=c, max_new_tokens=args.new,  # noqa: E731
+                                               sampling=s)
     eng = E.Engine(c, params=params, stop_tokens=())
-    reps = E.make_engine(c, params=params, stop_tokens=(), replicas=args.replicas) if args.replicas > 1 else None
+    reps = R.make_engine(c, params=params, stop_tokens=(), replicas=args.replicas) if args.replicas > 1 else None
     ks = request_keys(jax.random.key(1), n)            # the same keys every repetition (as `generate` derives them)
 
     def run_engine(p, engine=eng):
@@ -124,9 +126,10 @@ def raw(c, params, args):
           f"{c.model.num_experts_per_tok}, f32), batch {n} x prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} + {args.new} "
           f"sampled tokens (temperature 1, no stop ids)")
     res = {}
-    buckets = f"buckets {kw['min_batch_bucket']}/{kw['min_prompt_bucket']}/{kw['min_new_bucket']}, sync {kw['sync_tokens']}"
-    rows = [(f"generate, make run's rl.sampler ({buckets})", gen(kw)),
-            ("generate, host sync every token (the path issue 24 started from)", gen(dict(kw, sync_tokens=1))),
+    buckets = f"buckets {sc.min_batch_bucket}/{sc.min_prompt_bucket}/{sc.min_new_bucket}, sync {sc.sync_tokens}"
+    rows = [(f"generate, make run's rl.sampler ({buckets})", gen(sc)),
+            ("generate, host sync every token (the path issue 24 started from)",
+             gen(dataclasses.replace(sc, sync_tokens=1))),
             (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
             (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})", run_engine)]
     if reps is not None:
@@ -250,7 +253,7 @@ def hf_raw(c, params, args, mk):
 def staggered(c, params, args):
     rng = np.random.default_rng(7)
     budgets = rng.integers(8, args.new + 1, size=args.stream)
-    kw = sampler.sampler_kwargs_from_config(c)
+    sc = sampler.sampler_config(c, stop_tokens=())
     B = args.batch
     mk = lambda r: prompts(np.random.default_rng(100 + r), args.stream)     # noqa: E731
     useful = int(budgets.sum())
@@ -259,7 +262,7 @@ def staggered(c, params, args):
         out = []
         for s in range(0, len(p), B):
             g = sampler.generate(params, p[s:s + B], jax.random.key(s), cfg=c, max_new_tokens=int(budgets[s:s + B].max()),
-                                 stop_tokens=(), **kw)
+                                 sampling=sc)
             out += [t[:b] for t, b in zip(g.tokens, budgets[s:s + B])]
         return out
 
@@ -282,7 +285,7 @@ def staggered(c, params, args):
 
 def multi_turn(c, params, args):
     n, G, T = args.episodes, args.group, args.turns
-    kw = sampler.sampler_kwargs_from_config(c)
+    sc = sampler.sampler_config(c, stop_tokens=())
 
     def episodes(r):
         rng = np.random.default_rng(1000 + r)
@@ -300,7 +303,7 @@ def multi_turn(c, params, args):
         base, obs, summ = data
         ctx, pre = list(base), 0
         for t in range(T + 1):
-            g = sampler.generate(params, ctx, jax.random.key(t), cfg=c, max_new_tokens=args.new, stop_tokens=(), **kw)
+            g = sampler.generate(params, ctx, jax.random.key(t), cfg=c, max_new_tokens=args.new, sampling=sc)
             pre += sum(len(x) for x in ctx)
             if t < T:
                 ctx = [contexts_after(ctx[i], g.tokens[i], obs[i][t], t, base[i], summ[i]) for i in range(n)]
@@ -323,7 +326,7 @@ def multi_turn(c, params, args):
 
     engines = [("engine (cache across turns + groups)", E.Engine(c, params=params, stop_tokens=()))]
     if args.replicas > 1:      # routing by owner and by identical context must keep the reuse: same prefill tokens
-        engines.append((f"engine, {args.replicas} replicas", E.make_engine(c, params=params, stop_tokens=(),
+        engines.append((f"engine, {args.replicas} replicas", R.make_engine(c, params=params, stop_tokens=(),
                                                                             replicas=args.replicas)))
 
     print(f"\n[multi-turn] {n} episodes (groups of {G} share a prompt of 64-128 tokens), {T} turns of {args.new} tokens "
@@ -376,12 +379,12 @@ def agent(c0, params, args):
 
             holder = sampler.ParamsHolder(params)
             counted = {"prefill": 0, "key": jax.random.key(0)}
-            skw = sampler.sampler_kwargs_from_config(c)
+            sc = sampler.sampler_config(c)
 
             def old(contexts, max_new):     # the retired lockstep policy: one `generate` per round
                 counted["prefill"] += sum(len(x) for x in contexts)
                 counted["key"], sub = jax.random.split(counted["key"])
-                out = sampler.generate(params, contexts, sub, cfg=c, max_new_tokens=max_new, **skw)
+                out = sampler.generate(params, contexts, sub, cfg=c, max_new_tokens=max_new, sampling=sc)
                 return [Generation(tokens=t, logprobs=lp, router_indices=ri, policy_version=0)
                         for t, lp, ri in zip(out.tokens, out.logprobs, out.router_indices)]
 

@@ -69,7 +69,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sync-tokens", type=int, nargs="+", default=[1, 16],
-                    help="decode steps per host sync (`generate(sync_tokens=)`); each value is timed, the last "
+                    help="decode steps per host sync (`SamplerConfig.sync_tokens`); each value is timed, the last "
                          "is compared with HF (configs/rl_tiny.py's rl.sampler.sync_tokens is 16)")
     ap.add_argument("--skip-hf", action="store_true")
     args = ap.parse_args(argv)
@@ -84,9 +84,10 @@ def main(argv=None):
           f"vocab={m.vocab_size}, float32; batch {args.batch} x prompt {args.prompt} + {args.new} new tokens, greedy")
 
     def run_horizon(sync):
+        sc = sampler.SamplerConfig(temperature=0.0, stop_tokens=(), min_batch_bucket=args.batch,
+                                   min_prompt_bucket=args.prompt, min_new_bucket=args.new, sync_tokens=sync)
         return sampler.generate(params, list(prompts), jax.random.PRNGKey(1), cfg=cfg, max_new_tokens=args.new,
-                                temperature=0.0, stop_tokens=(), min_batch_bucket=args.batch,
-                                min_prompt_bucket=args.prompt, min_new_bucket=args.new, sync_tokens=sync)
+                                sampling=sc)
 
     outs = {}
     for sync in args.sync_tokens:

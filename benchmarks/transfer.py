@@ -65,7 +65,7 @@ class Reader:
 
 def model_flat(config: str, dtype: str) -> dict[str, np.ndarray]:
     """The init params of `config`'s model, cast to the publish dtype (a full version's payload)."""
-    from horizon.rl.runtime.async_loop import numpy_init  # noqa: PLC0415
+    from horizon.model.params import numpy_init  # noqa: PLC0415
 
     return ws.cast_flat(ws.flatten_params(numpy_init(load_config_file(config).model, 0)), dtype)
 
@@ -144,12 +144,12 @@ def transfer(run: pathlib.Path, big_config: str, codec: str, level: int, repeat:
 def train_versions(run: pathlib.Path, config: str, steps: int, tmp: str) -> dict[str, str]:
     """Publish versions 0..`steps` of `steps` real RL steps (`runtime.train_groups` on the run's
     groups, slot order, from `async_.init_from`) in bfloat16 and float32; {dtype: weights dir}."""
-    from horizon.rl.runtime import async_loop, core  # noqa: PLC0415
+    from horizon.rl.runtime import async_setup, core  # noqa: PLC0415
 
     cfg = load_config_file(config)
     N = int(cfg.rl.prompts_per_step)
     store = storage.GroupStore(run / "groups")
-    state, ckpt, _ = core.resume_rl_state(async_loop.initial_params(cfg), cfg, f"{tmp}/ckpt")
+    state, ckpt, _ = core.resume_rl_state(async_setup.initial_params(cfg), cfg, f"{tmp}/ckpt")
     dirs = {d: f"{tmp}/trained_{d}" for d in ws.DTYPES}
     pubs = {d: ws.WeightPublisher(p, dtype=d, full_every=steps + 1, num_threads=1) for d, p in dirs.items()}
     for step in range(steps + 1):

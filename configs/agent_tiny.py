@@ -1,4 +1,4 @@
-"""Agent-loop config (SPEC §5, §6): tiny model + an `agent` sub-config with every agent knob.
+"""Agent-loop config (docs/SPEC.md §5, §6): tiny model + an `agent` sub-config with every agent knob.
 
 Token counts are in tokenizer ids (bytes for the ByteTokenizer). `agent_config()` is
 importable on its own for tests and other configs.
@@ -17,7 +17,7 @@ def agent_config() -> ml_collections.ConfigDict:
     a.max_new_tokens = 1024           # per ordinary assistant turn
     a.context_strategy = "self_summary"  # horizon.agent.summarize.STRATEGIES: "self_summary" | "prompt_compaction" |
     #                                   "sliding_window" | "observation_masking" | "summarizing_condenser" | "none"
-    a.trigger_tokens = 8192           # compaction trigger on the current context length (SPEC §6 step 1)
+    a.trigger_tokens = 8192           # compaction trigger on the current context length (docs/SPEC.md §6 step 1)
     a.summary_max_tokens = 1024       # self-summary generation limit (scratch thinking + summary)
     a.compaction_max_tokens = 4096    # prompt_compaction baseline's (longer) summary limit
     a.sliding_window_keep_fraction = 0.75  # sliding_window drops oldest turns to below this * trigger

@@ -1,4 +1,4 @@
-"""Eval on a generated SWE-bench task set (issue 26; SPEC §7): the held-out repositories' instances
+"""Eval on a generated SWE-bench task set (docs/SPEC.md §7): the held-out repositories' instances
 (envs/build_repo_images.py writes runs/swegen/heldout.jsonl) with the gold-patch policy (must be
 1.000), the empty policy (must be 0.000) and the tiny model (untrained init; add trained
 checkpoints as "NAME=DIR"). The table reports success per repository.

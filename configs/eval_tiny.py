@@ -1,4 +1,4 @@
-"""Eval config (SPEC §7): which checkpoints to compare, on which tasks, how many passes.
+"""Eval config (docs/SPEC.md §7): which checkpoints to compare, on which tasks, how many passes.
 
 `experiments/eval.py --config=configs/eval_tiny.py` evaluates every entry of
 `c.eval.checkpoints` ("NAME=DIR" strings; an empty DIR = a fresh random init from `c.seed`, the
@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = rl.seed
     c.model = rl.model
-    c.mesh = rl.mesh                                 # sampling runs sharded over it (SPEC §2)
+    c.mesh = rl.mesh                                 # sampling runs sharded over it (docs/SPEC.md §2)
     c.agent = rl.agent
     c.rl = ml_collections.ConfigDict(dict(sampler=rl.rl.sampler))   # the RL run's sampler: the rollout engine's
     #                                                 sizes (rl.sampler.engine_*); temperature / top_p come from `eval`

@@ -1,4 +1,4 @@
-"""Report figures 4 and 6 (SPEC §4): experiments/kl_estimators.py and
+"""Report figures 4 and 6 (docs/SPEC.md §4): experiments/kl_estimators.py and
 experiments/length_penalty_curves.py read their sections of this config.
 
     python experiments/kl_estimators.py --config=configs/figures.py

@@ -1,4 +1,4 @@
-"""The real Kimi-K2 shape (1.04T total / 32B active; SPEC §1). Shape-only on CPU (jax.eval_shape).
+"""The real Kimi-K2 shape (1.04T total / 32B active; docs/SPEC.md §1). Shape-only on CPU (jax.eval_shape).
 
 Values from the public Kimi-K2 config (DeepSeek-V3 architecture): 61 layers, first layer
 dense, 384 routed experts top-8 + 1 shared, hidden 7168, MLA with 64 heads (DeepSeek-V3

@@ -1,4 +1,4 @@
-"""Quant ablation (SPEC §3): tiny MoE pretraining in bf16 vs MXFP8 vs NVFP4 per-tensor / per-token
+"""Quant ablation (docs/SPEC.md §3): tiny MoE pretraining in bf16 vs MXFP8 vs NVFP4 per-tensor / per-token
 vs approximate division. `python experiments/quant_ablation.py --config=configs/quant_ablation.py`.
 
 Each run overrides `model.moe_precision`, `model.quant_division` and `model.quant_approx_rcp_bits`

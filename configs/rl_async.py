@@ -1,6 +1,6 @@
 """Asynchronous RL config: configs/rl_tiny.py + an `async_` section (SPEC §4, §4.1).
 
-Read by `horizon.rl.runtime.async_loop` (orchestrator, trainer and rollout processes),
+Read by the async runtime (`horizon.rl.runtime.orchestrator`, `horizon.rl.runtime.processes`),
 `horizon.rl.runtime.weight_sync` (publisher options) and experiments/rl_async.py.
 """
 
@@ -18,7 +18,7 @@ def async_config() -> ml_collections.ConfigDict:
     a.trainer_start_timeout_s = 300.0 # a trainer group's actor 0 must answer (coordinator address) within this
     a.queue_depth = 1                 # outstanding slot requests per worker (0 = rl.prompts_per_step; at
     #                                   least one generation batch)
-    a.pool = "ray"                    # WorkerPool: "ray" (actors; horizon.rl.runtime.async_loop.RayPool)
+    a.pool = "ray"                    # WorkerPool: "ray" (actors; horizon.rl.runtime.ray_pool.RayPool)
     a.ray_address = ""                # "" = start Ray on this machine; "HOST:PORT" / "auto" = join a running cluster
     a.ray_object_store_mb = 2048      # object store of a Ray started here (sized for a 24 GB machine)
     a.ray_memory_threshold = 0.9      # Ray's memory monitor kills workers above this fraction of RAM

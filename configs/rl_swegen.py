@@ -1,4 +1,4 @@
-"""RL on a generated SWE-bench task set (issue 26 item 4; SPEC §4, §5, §7): `make run`'s loop
+"""RL on a generated SWE-bench task set (docs/SPEC.md §4, §5, §7): `make run`'s loop
 (configs/rl_tiny.py) with the ``swebench`` family (`horizon.env.families`): train prompts from
 `exp.task.train_path`, held-out eval on `exp.task.heldout_path` (held-out repositories), each
 episode in its instance's prepared image with the agent's tools, graded per test. No SFT stage
@@ -7,13 +7,13 @@ episode in its instance's prepared image with the agent's tools, graded per test
     python envs/build_repo_images.py --config.gen.n_candidates=60 ...     # writes runs/swegen/{train,heldout}.jsonl
     python experiments/rl.py --config=configs/rl_swegen.py --config.exp.task.train_path=runs/swegen/train.jsonl
 
-Known limit (2026-12-04): on CPU the first train step at this 4k context ran out of memory (a 99.8 GB
-allocation in `core.train_groups`, after the step-0 held-out eval ran: 0.000 on 8 tasks): the one-pass
-step over the 32-row bucket needs 92.9 GiB of temporaries (XLA's count; 99.8 GB). Now sized from
-benchmarks/rl_step_memory.py (docs/PERF.md, issue 26): `model.remat` and `rl.batch.micro_rows=4`, 7.35 GiB,
-and experiments/rl.py refuses in one line, before any sandbox or eval, a setting that would not fit
-(`rl.memory_check`). End to end on 2026-12-05 (docs/PERF.md): 8 instances from parse + inflection, 2 RL
-steps at ~92 s of training each, 276 s in all; the untrained model's calls are all malformed (reward -0.02, the penalty).
+Memory: on CPU the one-pass train step over the 32-row bucket at this 4k context does not fit (it ran
+out of memory in `core.train_groups`, after the step-0 held-out eval). The step is sized from
+benchmarks/rl_step_memory.py (docs/PERF.md "RL on the SWE-bench set: train-step memory at 4k tokens"):
+`model.remat` and `rl.batch.micro_rows=4`, and experiments/rl.py refuses in one line, before any sandbox
+or eval, a setting that would not fit (`rl.memory_check`). The end-to-end run on a small set (parse +
+inflection) is in the same docs/PERF.md section; the untrained model's calls are all malformed (reward:
+the malformed-call penalty).
 """
 
 import ml_collections
@@ -47,8 +47,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.agent.update(dict(max_turns=2, max_new_tokens=64, max_context_tokens=4000, trigger_tokens=3900,
                         include_file_listing=False))
     # The train step at 4k tokens (benchmarks/rl_step_memory.py --config=configs/rl_swegen.py --rows 0, XLA's
-    # temporaries; docs/PERF.md, issue 26): the one-pass 32-row bucket (8 chains padded to rl.batch.min_rows)
-    # needs 92.9 GiB (57.1 GiB with remat); micro-batches of 8 / 4 / 2 chains with remat 14.7 / 7.4 / 3.7 GiB.
+    # temporaries; docs/PERF.md "RL on the SWE-bench set"): the one-pass 32-row bucket (8 chains padded to
+    # rl.batch.min_rows) needs 92.9 GiB (57.1 GiB with remat); micro-batches of 8 / 4 / 2 chains with remat
+    # 14.7 / 7.4 / 3.7 GiB.
     c.model.remat = True              # each layer recomputed in the backward pass: -37% temporaries here
     c.rl.batch.micro_rows = 4         # gradient accumulation over 2 micro-batches of 4 chains: 7.4 GiB, a third
     #                                   of this 23 GB machine (rl.memory_check guards the rest)

@@ -1,4 +1,4 @@
-"""`make run`'s config: SFT warm start + RL on the config-edit family in Docker (SPEC §4, §6, §7).
+"""`make run`'s config: SFT warm start + RL on the config-edit family in Docker (docs/SPEC.md §4, §6, §7).
 
 The complete config experiments/rl.py runs: `model` (configs/tiny.py at max_seq_len 256), `mesh`,
 `agent` (configs/agent_tiny.py with this environment's settings), `rl` (every RL hyperparameter:
@@ -32,7 +32,7 @@ def rl_config() -> ml_collections.ConfigDict:
     r.kl_mode = "reward"          # "reward" (detached reward-to-go in the advantage; unbiased with k1)
     #                               | "reward_token" (per-token penalty) | "loss" (naive term, ablation)
     r.kl_across_segments = True   # "reward" mode: charge a chain segment the KL of later segments too
-    # --- stale-token corrections (issue 23, item 4; horizon.rl.algo.losses): caps c > 1 on the detached
+    # --- stale-token corrections (docs/SPEC.md §4; horizon.rl.algo.losses): caps c > 1 on the detached
     #     ratio r = exp(logp_trainer - logp_sampler) of each loss token; 0 = off. Off by default: the report
     #     trains near on-policy (async_.max_staleness bounds the lag; the surrogate's r importance-weights
     #     every token already), and off keeps every existing run's loss and update bit-identical
@@ -107,12 +107,13 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           are its engine_* fields)
         min_prompt_bucket=64,
         min_new_bucket=32,
-        chunk_tokens=16,          # decode steps between weight polls (in-flight updates, SPEC §4.1; with
+        chunk_tokens=16,          # decode steps between weight polls (in-flight updates, docs/SPEC.md §4.1; with
         #                           weights that do not change, any value gives the same samples)
         kv_mode="keep",           # at a weight switch: "keep" the old KV cache | "recompute" the prefill
         sync_tokens=32,           # decode steps per device chunk / host sync (without in-flight polling;
         #                           with it, chunk_tokens); benchmarks/sampling.py measures the trade-off; 32 beat
-        #                           16 in the engine's raw workload (docs/PERF.md "Decode step", 2026-12-05)
+        #                           16 in the engine's raw workload (docs/PERF.md "Decode step, prefill and
+        #                           the old-path baseline")
         # --- rollout engine (horizon.inference.engine: continuous batching, KV reuse across turns,
         #     shared prefixes; `EnginePolicy`), through which the RL loops, async workers and evals
         #     sample (`policy.rollout_policy`; sharded over a multi-device mesh). Cache budget =
@@ -159,16 +160,17 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           vm.max_map_count (memory.release_compiled_if_near_limit; ~10^3 mappings each)
     ))
     # --- train step (horizon.rl.algo.trainer.train_step)
-    r.router_replay = True        # replay inference-time experts in the trainer forward (SPEC §4.1)
+    r.router_replay = True        # replay inference-time experts in the trainer forward (docs/SPEC.md §4.1)
     r.update_router_bias = True   # aux-loss-free bias update from the (real-token) router load
     r.use_reference = True        # keep a frozen copy of the initial params as the KL reference
-    # Adam on all parameters (SPEC §4): same fields as c.train, read by horizon.train.optim
+    # Adam on all parameters (docs/SPEC.md §4): same fields as c.train, read by horizon.train.optim
     # (`steps`, the schedule length, is set by get_config to the experiment's step count)
     r.optim = ml_collections.ConfigDict(dict(
         steps=1000, lr=1e-5, warmup_steps=10, min_lr_ratio=1.0, weight_decay=0.0,
         b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
     ))
-    # --- infrastructure failures (issue 21; horizon.env.rollouts, horizon.rl.runtime.core): never a reward
+    # --- infrastructure failures (docs/SPEC.md §4.1 "infrastructure is not the policy"; horizon.env.rollouts,
+    #     horizon.rl.runtime.core): never a reward
     r.infra = ml_collections.ConfigDict(dict(
         group_retries=2,          # reruns of a group with a failed sandbox, on fresh sandboxes
         replacements=2,           # then: fresh reserve prompts tried for the slot before the run stops
@@ -187,10 +189,10 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
 
 # ============================================================================= RL experiment block
 # Read by experiments/rl.py and horizon.rl.runtime.loop (the CPU demo: SFT warm start, then RL on the procedural
-# config-edit family, horizon.tasks.synthetic via horizon.tasks.families).
+# config-edit family, horizon.tasks.synthetic via horizon.env.families).
 def experiment_config() -> ml_collections.ConfigDict:
     e = ml_collections.ConfigDict()
-    e.env = "config_edit"             # task family (horizon.tasks.families: "config_edit" | "key_recall")
+    e.env = "config_edit"             # task family (horizon.env.families.FAMILIES)
     e.task = ml_collections.ConfigDict(dict(
         value_range=(1, 9),           # one digit to copy from the prompt
         name_style="simple",          # one-word constant names (a 10-14 byte PREFIX_SUFFIX copy took the tiny

@@ -1,4 +1,4 @@
-"""`make run`'s pipeline (SFT demos, RL in Docker, held-out eval) with a real BPE tokenizer (issue 22).
+"""`make run`'s pipeline (SFT demos, RL in Docker, held-out eval) with a real BPE tokenizer.
 
 configs/rl_tiny.py with `model.tokenizer` = envs/tokenizers/bpe1024.json, the repo's own byte-level
 BPE (experiments/train_bpe.py: 1024 ids trained on the pretraining corpus, horizon's chat specials

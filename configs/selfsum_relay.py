@@ -1,4 +1,4 @@
-"""The harder self-summarization family (SPEC §6): configs/selfsum_tiny.py with `key_relay` tasks.
+"""The harder self-summarization family (docs/SPEC.md §6): configs/selfsum_tiny.py with `key_relay` tasks.
 
 Three keys arrive at different times — key.txt, then "key #Z" lines in 4.log and 8.log
 (`key_recall.late_key_logs`) — and the answer is every key in order ("#Q #Z #B", exact match).
@@ -33,15 +33,15 @@ def get_config() -> ml_collections.ConfigDict:
         a_short=dict(task=dict(n_logs=2, log_lines=1), agent=dict(trigger_tokens=100)),   # 3 keys: same slots
         b_full=dict(),
     ))
-    # stage 1 on the 4-strategy mix: each strategy gets a quarter of the tokens, and after the tiny config's 1200
-    # steps key in memory was 0.13-0.15 for every summarizer (the 1/8 guess). With 2400 every summarizer's was
-    # >= 0.99 at step 2400 in seeds 0 and 1 (seed 0 by step 1600; seed 1 0.80 at 2000), 0.52-0.67 in seed 2 (its
-    # first key's slot, carried through every summary, still forming): docs/PERF.md, 2026-12-05
+    # stage 1 on the 4-strategy mix: each strategy gets a quarter of the tokens, and the tiny config's 1200 steps
+    # left key in memory at the guess for every summarizer. 2400 formed it in seeds 0 and 1; in seed 2 the first
+    # key's slot, carried through every summary, was still forming (docs/PERF.md "Self-summarization study, the
+    # harder family with four strategies")
     e.sft.clean_steps = 2400
     e.sft.probe_every = 400           # the copy probe every 400 steps of both stages (~13 s each, seed 2's log)
-    e.sft.clean_key_weight = 10.0     # key_relay's copy after SFT (seed 0, one alphabet): 0.66 at 10, 0.52 at
-    #                                   key_recall's 30; with slot_alphabets 0.85 at 10, 12 of 32 held-out solved
-    #                                   (docs/PERF.md, 2026-12-05)
+    e.sft.clean_key_weight = 10.0     # key_relay's copy after SFT was better at 10 than at key_recall's 30, and
+    #                                   with slot_alphabets it passes the copy gate at 10 (docs/PERF.md
+    #                                   "Self-summarization study, the harder family")
     c.agent.max_turns = 16            # 9 reads + the answer, and room for malformed turns
     c.agent.max_total_tokens = 1536   # 2 x the key_recall budget: five more reads; prompt compaction summarizes after
     #                                   nearly every log (its ~130-token summary leaves the context near the trigger)

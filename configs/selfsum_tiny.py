@@ -1,10 +1,10 @@
-"""Self-summarization experiment (SPEC §6): configs/rl_tiny.py with the key-recall family.
+"""Self-summarization experiment (docs/SPEC.md §6): configs/rl_tiny.py with the key-recall family.
 
 experiments/selfsum.py, per seed of `exp.seeds`, SFTs one tiny policy on demonstration chains of
 every strategy with an equal share of trained tokens each (two stages: correct chains of several
 sizes until the key copy forms, then the full tasks with the same share of lossy memories), then
 runs RL from it once per strategy with the same trigger, token budget, prompts and steps, and
-evaluates each on held-out seeds (issue 25). The model, agent and RL sections are set here
+evaluates each on held-out seeds. The model, agent and RL sections are set here
 directly: the returned config is the one the run uses.
 
 Tokens: the repo's BPE (envs/tokenizers/bpe1024.json, configs/rl_tiny_bpe.py), not bytes. It
@@ -54,10 +54,10 @@ def get_config() -> ml_collections.ConfigDict:
         bootstrap_samples=2000,       # replicates of the success CI (tasks resampled within each seed)
         ci_level=0.95,
         bootstrap_seed=0,
-        copy_threshold=0.8,           # post-SFT key-in-summary every summarizing strategy should reach (issue 25)
+        copy_threshold=0.8,           # post-SFT key-in-summary every summarizing strategy should reach
     ))
     e.quick = False                   # True: merge quick_overrides below (a short run that shows the pipeline)
-    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # docs/PERF.md, issue 25: with clean_key_weight
+    e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # docs/PERF.md (`exp.quick`): with clean_key_weight
     #   10 (1498 s) the copy had not formed by stage-1 step 800 (key in memory 0.00 for every summarizer); with 30
     #   (now the default, e.sft.clean_key_weight below) every summarizer's was 1.00 after SFT, and with 4 RL steps
     #   quick took 1234 s (over its 20 minutes; 4 steps moved no strategy by more than 0.062 there): 2 RL steps
@@ -87,8 +87,9 @@ def get_config() -> ml_collections.ConfigDict:
     e.sft.clean_batch_size = 8        #   above); attention dominates the step (8 x 1024 byte rows cost 4x 32 x 256)
     e.sft.clean_key_weight = 30.0     # stage-1 loss weight of every strategy's key-letter tokens, alike for all
     #                                   (selfsum.weight_key_tokens): ~2% of the trained tokens are the copy; 1 = off.
-    #                                   10 formed it by step 1200 in no seed with the context notes; 30 had every
-    #                                   summarizer at 1.00 by step 600 (seed 0; docs/PERF.md, 2026-12-05)
+    #                                   10 formed it by step 1200 in no seed with the context notes; 30 formed it
+    #                                   in every seed (docs/PERF.md, the self-summarization study "each token
+    #                                   trained once, key weight 30")
     e.sft.clean_lr = 1e-2             # stage 1 peak lr (cosine); the copy formed as it decayed, not at constant 1e-2
     e.sft.steps = 300                 # stage 2: every strategy, `corrupt_prob` lossy summaries
     e.sft.optim.lr = 2e-3             # stage 2 peak lr: at 1e-2 stage 2 undid the copy (summary 0.69 -> 0.08,
@@ -125,7 +126,8 @@ def get_config() -> ml_collections.ConfigDict:
         summary_header=key_recall.SUMMARY_HEADER, state_template=key_recall.STATE_TEMPLATE,
         context_notes=ml_collections.ConfigDict(key_recall.CONTEXT_NOTES),  # each strategy's regime, in its
         #   system prompt: without it a policy SFT'd on every strategy cannot tell at the first turn whether it
-        #   runs under masking (it wrote masking's first note with p 0.12; docs/PERF.md, 2026-12-05)
+        #   runs under masking (it seldom wrote masking's first note; docs/PERF.md, the self-summarization
+        #   study "the copy forms on the fair mix")
         include_file_listing=False, max_malformed_calls=2, num_tool_workers=8, tool_timeout_s=20.0,
         context_strategy="self_summary",  # replaced per run by each of exp.strategies
     ))

@@ -1,4 +1,4 @@
-"""Task generator config (issue 26; SPEC §5, §7): SWE-bench instances from the real repositories
+"""Task generator config (docs/SPEC.md §5, §7): SWE-bench instances from the real repositories
 of envs/repos/manifest.toml, built by envs/build_repo_images.py (`horizon.taskgen.generate`).
 
     python envs/build_repo_images.py --config=configs/swegen.py                        # images + baselines only

@@ -1,4 +1,4 @@
-"""Tiny MLA/MoE config: runs in seconds on CPU. Every hyperparameter lives here (SPEC §1, §8).
+"""Tiny MLA/MoE config: runs in seconds on CPU. Every hyperparameter lives here (docs/SPEC.md §1, §8).
 
 Field names follow DeepSeek-V3's Hugging Face config where one exists (see
 `horizon.model.hf` for the mapping).
@@ -45,9 +45,9 @@ def model_config() -> ml_collections.ConfigDict:
     m.remat = False               # recompute each layer's activations in the backward pass (memory for compute)
     m.dtype = "float32"           # compute dtype
     m.param_dtype = "float32"
-    m.moe_precision = "bf16"      # "bf16" | "mxfp8" | "nvfp4" | "nvfp4_per_token_fwd_mxfp8_bwd" (SPEC §3)
+    m.moe_precision = "bf16"      # "bf16" | "mxfp8" | "nvfp4" | "nvfp4_per_token_fwd_mxfp8_bwd" (docs/SPEC.md §3)
     m.grouped_impl = "auto"       # bf16 expert GEMM: "auto" (per backend, grouped.choose_impl) | "block" | "ragged_dot"
-    m.quant_division = "ieee"     # NVFP4 scale division: "ieee" | "approx" (fast reciprocal model, SPEC §3)
+    m.quant_division = "ieee"     # NVFP4 scale division: "ieee" | "approx" (fast reciprocal model, docs/SPEC.md §3)
     m.quant_approx_rcp_bits = 22  # mantissa bits of the modelled fast reciprocal (horizon.quant.formats)
     return m
 
@@ -87,7 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.output_dir = "runs/pretrain_tiny"
     c.train.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache ("" = off); speeds restarts
 
-    # Parallelism (SPEC §2; horizon.parallel.mesh): mesh axis sizes, or a preset that overrides them.
+    # Parallelism (docs/SPEC.md §2; horizon.parallel.mesh): mesh axis sizes, or a preset that overrides them.
     c.mesh = ml_collections.ConfigDict()
     c.mesh.presets = ("dp8", "fsdp4xcp2", "ep4xcp2", "ep8")  # the 8-device presets (mesh.PRESETS)
     c.mesh.preset = ""            # "" = use the sizes below; else one of horizon.parallel.mesh.PRESETS
@@ -99,7 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.ep_dispatch = "padded"  # "padded" all_to_all (CPU+GPU) | "ragged" ragged_all_to_all (GPU only)
     c.mesh.ep_payload = "compute"  # "compute" dtype | "mxfp8" quantized dispatch (combine stays in compute dtype)
     c.mesh.ep_microbatches = 1    # token chunks pipelined through dispatch/GEMM/combine
-    # Global sequence packing before each RL step (SPEC §2; horizon.rl.runtime.core.pack_rows): rows are
+    # Global sequence packing before each RL step (docs/SPEC.md §2; horizon.rl.runtime.core.pack_rows): rows are
     # assigned to the data-parallel ranks by an attention-aware cost c(n) = a*n + b*n^2 per row
     c.mesh.packing = "lpt"        # "lpt" (balanced, horizon.parallel.packing) | "none" (build_batch's order)
     c.mesh.packing_cost_a = 0.0   # a, b >= 0; both 0 = the model's analytic FLOPs (packing.model_cost_model)

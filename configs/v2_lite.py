@@ -1,4 +1,4 @@
-"""A DeepSeek-V2-Lite-like model that trains on one H200 with its AdamW state (issue 27; docs/PERF.md).
+"""A DeepSeek-V2-Lite-like model that trains on one H200 with its AdamW state (docs/PERF.md "On a lent H200").
 
 V2-Lite's shapes (d_model 2048, 16 heads, MLA kv rank 512 with full-rank q, 64 routed + 2 shared
 experts of dim 1408, top-6, vocab 102400) with 8 layers instead of 27 and V3's sigmoid router

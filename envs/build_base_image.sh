@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the offline sandbox base image `horizon-sandbox:base` (SPEC §5).
+# Build the offline sandbox base image `horizon-sandbox:base` (docs/SPEC.md §5).
 #
 # A minimal Debian rootfs (debootstrap --variant=minbase) from the mirror and suite
 # configured in THIS machine's apt sources (read at run time; nothing hard-coded), with a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the real-repository images and generate SWE-bench instances from them (SPEC §5, §7; issue 26).
+"""Build the real-repository images and generate SWE-bench instances from them (docs/SPEC.md §5, §7).
 
 Per repository of envs/repos/manifest.toml (`horizon.taskgen.repos`): fetch the pinned sdist with pip
 on the host (sha256-checked), commit it as a git repository, build `horizon-repo:<name>-<version>`
@@ -33,12 +33,17 @@ from horizon.utils.config import ConfigError, need_int
 MANIFEST_HELDOUT = "__manifest__"
 
 
-def validate(c) -> None:
+def gen_options(c) -> generate.GenOptions:
+    """The generator's options from the config (`generate.GenOptions` checks the `gen` fields)."""
     g = c.gen
-    for k in ("n_candidates", "n_features", "n_combined", "max_instances", "seed"):
-        need_int(g, k, "gen", lo=0)
-    need_int(g, "combine_size", "gen", lo=2)
-    need_int(g, "workers", "gen", lo=1)
+    return generate.GenOptions(n_candidates=g.n_candidates, n_features=g.n_features, n_combined=g.n_combined,
+                               combine_size=g.combine_size, seed=g.seed, max_instances=g.max_instances,
+                               workers=g.workers, select_tests=bool(g.select_tests), root=c.build_root or None,
+                               base_image=c.base_image, build_images=bool(c.build_images))
+
+
+def validate(c) -> None:
+    gen_options(c)
     need_int(c, "baseline_runs", "config", lo=1)
     try:
         specs = repos.select(repos.load_manifest(c.manifest or None), list(c.repos))
@@ -60,14 +65,10 @@ def heldout_names(c) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     c = cli.load(argv, default="configs/swegen.py", validate=validate, doc=__doc__, prog="envs/build_repo_images.py")
-    root = c.build_root or None
+    opts = gen_options(c)
+    root = opts.root
     specs = repos.select(repos.load_manifest(c.manifest or None), list(c.repos))
     heldout = set(heldout_names(c))
-    g = c.gen
-    opts = generate.GenOptions(n_candidates=int(g.n_candidates), n_features=int(g.n_features),
-                               n_combined=int(g.n_combined), combine_size=int(g.combine_size), seed=int(g.seed),
-                               max_instances=int(g.max_instances), workers=int(g.workers),
-                               select_tests=bool(g.select_tests))
     t0 = time.monotonic()
     splits: dict[str, list] = {"train": [], "heldout": []}
     reports = []
@@ -79,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(base['flaky'])} flaky, suite {base['suite_s']}s ({time.monotonic() - t1:.1f}s)", flush=True)
         if opts.n_candidates or opts.n_features:
             split = "heldout" if spec.name in heldout else "train"
-            got, rep = generate.generate_repo(spec, base, options=opts, root=root, base_image=c.base_image,
-                                              build_images=bool(c.build_images), split=split)
+            got, rep = generate.generate_repo(spec, base, opts, split=split)
             splits[split] += got
             reports.append(rep)
             print(f"[generate {spec.name}] {json.dumps(rep)}", flush=True)

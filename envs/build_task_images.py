@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build one docker image per task: `horizon-task:<id>` FROM `horizon-sandbox:base` (SPEC §5).
+"""Build one docker image per task: `horizon-task:<id>` FROM `horizon-sandbox:base` (docs/SPEC.md §5).
 
 Each image is the base plus the task's files/ copied into /workspace (owned by uid 1000),
 labelled with the task id, a content hash of its files and the base image id

@@ -68,11 +68,11 @@ def sft_check(params, family, tasks, c, tok, key) -> dict:
                   add_generation_prompt=True).tokens for t in tasks]
     out = {}
     for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
-        kw = dict(sampler.sampler_kwargs_from_config(c), temperature=temp)
+        sc = sampler.sampler_config(c, temperature=temp)
         n = int(c.exp.pool_size)             # chunks shaped like the rollout batches: no extra compile
         gen = [g for i in range(0, len(ctx), n) for g in sampler.generate(
             params, ctx[i:i + n], jax.random.fold_in(key, i), cfg=c, max_new_tokens=int(c.agent.max_new_tokens),
-            **kw).tokens]
+            sampling=sc).tokens]
         acts = [tool_format(c.agent.tool_format).parse_action(tok.decode(g)) for g in gen]
         ok = [getattr(a, "kind", "") == "call" and a.name == t.solution[0]["name"] for a, t in zip(acts, tasks)]
         out[f"{name}_wellformed"] = float(np.mean(ok))

@@ -4,7 +4,7 @@ Runs, on the same env / model / optimizer / prompt order (configs/rl_async.py):
 
 1. ``sync``:  the synchronous loop, `loop.run_rl` (experiments/rl.py's loop: roll out the step's
    groups with the current weights, then train) in one child process with the workers' XLA flags;
-2. ``async``: the multi-process loop (`async_loop.Orchestrator`): trainer + rollout workers,
+2. ``async``: the multi-process loop (`orchestrator.Orchestrator`): trainer + rollout workers,
    staleness bound `async_.max_staleness`, in-flight weight updates, delta weight sync;
 3. optionally ``sync_mp``: the same multi-process loop with max_staleness=0.
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from horizon.eval.report import plot_jsonl, reward_at, smooth, time_to_reach, write_jsonl
 from horizon.rl.runtime import checks
-from horizon.rl.runtime import async_loop, loop
+from horizon.rl.runtime import loop, orchestrator, processes
 from horizon.utils import cli
 
 
@@ -65,8 +65,8 @@ def main(argv=None):
 
     if "sync" in c.async_.compare:
         t0 = time.time()
-        async_loop.run_child(c, async_loop.sync_main, c, str(out / "sync"))
-        r = async_loop.summarize_sync(out / "sync")
+        processes.run_child(c, processes.sync_main, c, str(out / "sync"))
+        r = orchestrator.summarize_sync(out / "sync")
         r["total_wall_s"] = time.time() - t0
         results["sync"] = r
         print(f"[sync]  {steps} steps in {r['wall_s']:.1f}s: {r['rollout_tokens_per_s']:.1f} rollout tok/s, "
@@ -77,8 +77,8 @@ def main(argv=None):
     for name, s in runs:
         c.async_.max_staleness = s
         t0 = time.time()
-        res = async_loop.Orchestrator(c, out / name, num_steps=steps).run()
-        summ = async_loop.summarize(out / name, wall_s=time.time() - t0)
+        res = orchestrator.Orchestrator(c, out / name, num_steps=steps).run()
+        summ = orchestrator.summarize(out / name, wall_s=time.time() - t0)
         sw = [d.get("switches", 0) for d in res["slots"].values()]
         summ["groups_with_weight_switch"] = int(sum(x > 0 for x in sw))
         summ["groups"] = len(sw)

@@ -1,4 +1,4 @@
-"""GPU kernels (Pallas / Mosaic GPU) for block-scaled low-precision matmul (SPEC §3).
+"""GPU kernels (Pallas / Mosaic GPU) for block-scaled low-precision matmul (docs/SPEC.md §3).
 
 Each kernel module is tested against its pure-JAX reference in `horizon.quant`.
 """

@@ -1,4 +1,4 @@
-"""Shared helpers for the Mosaic GPU kernels (SPEC §3).
+"""Shared helpers for the Mosaic GPU kernels (docs/SPEC.md §3).
 
 The same kernel body runs in two places: compiled by Mosaic GPU (real GPU, or
 `jax.export` lowering on CPU) and under the Mosaic GPU *interpreter*
@@ -93,7 +93,7 @@ def e8m0_to_f32(s: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class HopperConfig:
-    """Tiling of the Hopper block-scaled kernels (SPEC §3).
+    """Tiling of the Hopper block-scaled kernels (docs/SPEC.md §3).
 
     tile_m: rows of A per CTA (multiple of 64: one warpgroup wgmma M).
     tile_n: rows of B per CTA (multiple of 8, <= 256: wgmma N limit).

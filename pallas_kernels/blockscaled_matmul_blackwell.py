@@ -1,4 +1,4 @@
-"""Blackwell (sm_100a) block-scaled matmul in Pallas / Mosaic GPU with tcgen05 (SPEC §3).
+"""Blackwell (sm_100a) block-scaled matmul in Pallas / Mosaic GPU with tcgen05 (docs/SPEC.md §3).
 
 out[M, N] = A[M, K] @ B[N, K]^T, both K-major (FP4 requires it), f32 accumulator in TMEM.
 
@@ -52,7 +52,7 @@ TILE_M = 128      # 1-CTA block-scaled tcgen05 needs M = 128
 
 
 def swizzle_scales(scales: Array) -> Array:
-    """(MN, KB) block scales -> the tcgen05 scale layout (MN/128, KB/4, 32, 16) (SPEC §3).
+    """(MN, KB) block scales -> the tcgen05 scale layout (MN/128, KB/4, 32, 16) (docs/SPEC.md §3).
 
     out[i, j, r, 4 * q + c] = scales[128 * i + 32 * q + r, 4 * j + c]: within a 128-row tile, row
     r of each 32-row quarter q holds that quarter's 4 consecutive scale columns side by side
@@ -73,7 +73,7 @@ def swizzle_scales(scales: Array) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class BlackwellConfig:
-    """Tiling (SPEC §3). tile_n: 8..256, multiple of 8 (MMA N); tile_k: K elements per stage
+    """Tiling (docs/SPEC.md §3). tile_n: 8..256, multiple of 8 (MMA N); tile_k: K elements per stage
     (a multiple of 4 scale blocks: 128 for MXFP8, 64 for NVFP4); stages: TMA ring depth."""
 
     tile_n: int = 128
@@ -229,7 +229,7 @@ def mxfp8_matmul_from_parts(
     a_values: Float[Array, "m k"], a_scales: Array, b_values: Float[Array, "n k"], b_scales: Array, *,
     out_dtype: Any = jnp.float32, config: BlackwellConfig | None = None,
 ) -> Float[Array, "m n"]:
-    """MXFP8 x MXFP8 on Blackwell (SPEC §3): e4m3 values [M,K]/[N,K], e8m0 scales [.., K/32]."""
+    """MXFP8 x MXFP8 on Blackwell (docs/SPEC.md §3): e4m3 values [M,K]/[N,K], e8m0 scales [.., K/32]."""
     if a_values.dtype != jnp.float8_e4m3fn or b_values.dtype != jnp.float8_e4m3fn:
         raise ValueError(f"MXFP8 values must be float8_e4m3fn, got {a_values.dtype}, {b_values.dtype}")
     if a_scales.dtype != jnp.float8_e8m0fnu or b_scales.dtype != jnp.float8_e8m0fnu:
@@ -243,7 +243,7 @@ def nvfp4_matmul_from_parts(
     b_values: Float[Array, "n k"], b_block_scales: Array, b_global: Array, *,
     out_dtype: Any = jnp.float32, config: BlackwellConfig | None = None,
 ) -> Float[Array, "m n"]:
-    """NVFP4 x NVFP4 on Blackwell (SPEC §3): e2m1 values [M,K]/[N,K] (float4_e2m1fn, unpacked dtype),
+    """NVFP4 x NVFP4 on Blackwell (docs/SPEC.md §3): e2m1 values [M,K]/[N,K] (float4_e2m1fn, unpacked dtype),
     e4m3 block scales [.., K/16], f32 global decode scales per row ([.., 1]) or per tensor ([])."""
     if a_values.dtype != jnp.float4_e2m1fn or b_values.dtype != jnp.float4_e2m1fn:
         raise ValueError(f"NVFP4 values must be float4_e2m1fn, got {a_values.dtype}, {b_values.dtype}")

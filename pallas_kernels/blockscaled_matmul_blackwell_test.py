@@ -1,4 +1,4 @@
-"""Blackwell tcgen05 block-scaled kernels: scale swizzle (CPU) and sm_100a lowering (SPEC §3).
+"""Blackwell tcgen05 block-scaled kernels: scale swizzle (CPU) and sm_100a lowering (docs/SPEC.md §3).
 
 tcgen05 has no Mosaic GPU interpreter in jax 0.10.2, so the kernels' numerics are NOT tested here
 (only on a Blackwell GPU: benchmarks/kernels_gpu.py --blackwell). These tests check the scale

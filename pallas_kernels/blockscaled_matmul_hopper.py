@@ -1,4 +1,4 @@
-"""Hopper (sm_90a) block-scaled matmul in Pallas / Mosaic GPU (SPEC §3).
+"""Hopper (sm_90a) block-scaled matmul in Pallas / Mosaic GPU (docs/SPEC.md §3).
 
 out[M, N] = A[M, K] @ B[N, K]^T, both operands K-major.
 
@@ -154,7 +154,7 @@ def mxfp8_matmul_from_parts(
     num_sms: int = C.H100_SMS,
     interpret: Any = None,
 ) -> Float[Array, "m n"]:
-    """MXFP8 x MXFP8 -> out_dtype on Hopper (SPEC §3). Values e4m3 [M,K]/[N,K]; scales e8m0 [.., K/32]."""
+    """MXFP8 x MXFP8 -> out_dtype on Hopper (docs/SPEC.md §3). Values e4m3 [M,K]/[N,K]; scales e8m0 [.., K/32]."""
     m, k = a_values.shape
     n, k2 = b_values.shape
     if k != k2:
@@ -283,7 +283,7 @@ def nvfp4_matmul_from_parts(
     num_sms: int = C.H100_SMS,
     interpret: Any = None,
 ) -> Float[Array, "m n"]:
-    """NVFP4 x NVFP4 on Hopper (SPEC §3): packed E2M1 [.., K/2], E4M3 scales [.., K/16], f32 global
+    """NVFP4 x NVFP4 on Hopper (docs/SPEC.md §3): packed E2M1 [.., K/2], E4M3 scales [.., K/16], f32 global
     decode scale per row ([.., 1]) or per tensor ([])."""
     m, kb = a_packed.shape
     n, kb2 = b_packed.shape

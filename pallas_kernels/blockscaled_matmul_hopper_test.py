@@ -1,4 +1,4 @@
-"""Hopper block-scaled matmul: GPU-interpret correctness vs horizon.quant and CUDA lowering (SPEC §3)."""
+"""Hopper block-scaled matmul: GPU-interpret correctness vs horizon.quant and CUDA lowering (docs/SPEC.md §3)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Backend selection for the block-scaled matmul kernels (SPEC §3).
+"""Backend selection for the block-scaled matmul kernels (docs/SPEC.md §3).
 
 `supported_backend()` names the kernel family usable on the current default device
 ("hopper" for sm_90, "blackwell" for sm_100, else None: CPU, older GPUs).
@@ -125,7 +125,7 @@ def blockscaled_matmul(a: Any, b: Any, *, out_dtype: Any = jnp.float32) -> jax.A
 def grouped_blockscaled_matmul_pallas(a: Any, b: Any, group_sizes: Any, *, out_dtype: Any = jnp.float32,
                                       backend: str | None = None, num_sms: int | None = None,
                                       interpret: Any = None) -> jax.Array:
-    """Grouped A [T, K] x B [G, N, K] (MXTensor both) via the Hopper grouped Pallas kernel (SPEC §3)."""
+    """Grouped A [T, K] x B [G, N, K] (MXTensor both) via the Hopper grouped Pallas kernel (docs/SPEC.md §3)."""
     backend = backend or supported_backend()
     if interpret is not None and backend is None:
         backend = "hopper"

@@ -1,4 +1,4 @@
-"""Grouped (ragged, MoE) MXFP8 block-scaled matmul for Hopper in Pallas / Mosaic GPU (SPEC §3).
+"""Grouped (ragged, MoE) MXFP8 block-scaled matmul for Hopper in Pallas / Mosaic GPU (docs/SPEC.md §3).
 
 out[T, N]: row t of A [T, K] (tokens sorted by group) times B[g(t)] [N, K]^T, where g(t) is the
 group whose slice of `group_sizes` [G] holds row t. Rows past sum(group_sizes) are 0 (as
@@ -175,7 +175,7 @@ def grouped_mxfp8_matmul_from_parts(
     num_sms: int = C.H100_SMS,
     interpret: Any = None,
 ) -> Float[Array, "t n"]:
-    """Grouped MXFP8 GEMM on Hopper (SPEC §3): e4m3 A [T,K], B [G,N,K]; e8m0 scales [.., K/32].
+    """Grouped MXFP8 GEMM on Hopper (docs/SPEC.md §3): e4m3 A [T,K], B [G,N,K]; e8m0 scales [.., K/32].
 
     T need not be a multiple of tile_m (A is zero-padded to the next tile in the wrapper).
     """

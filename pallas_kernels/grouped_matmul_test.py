@@ -1,4 +1,4 @@
-"""Grouped (MoE) MXFP8 Hopper kernel: GPU-interpret correctness vs horizon.quant, schedule, lowering (SPEC §3)."""
+"""Grouped (MoE) MXFP8 Hopper kernel: GPU-interpret correctness vs horizon.quant, schedule, lowering (docs/SPEC.md §3)."""
 
 import jax
 import jax.numpy as jnp

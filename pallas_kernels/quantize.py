@@ -1,4 +1,4 @@
-"""Fused quantize kernels: bf16/f32 -> MXFP8 and -> NVFP4 (per-token) with scales (SPEC §3).
+"""Fused quantize kernels: bf16/f32 -> MXFP8 and -> NVFP4 (per-token) with scales (docs/SPEC.md §3).
 
 Generic Pallas (`pl.pallas_call`) kernels over row tiles: each program loads a
 [tile_rows, K] tile once and emits values + scales in the same pass (one HBM read
@@ -10,7 +10,7 @@ inputs including zeros and outliers. Runs with `interpret=True` on CPU; on GPU i
 lowers through the default (Triton) Pallas backend.
 NVFP4 values leave the kernel packed (uint8, low nibble = even element, as
 `formats.pack_fp4`), which halves the bytes written.
-Division mode ("ieee" | "approx") is the SPEC §3 ablation switch.
+Division mode ("ieee" | "approx") is the docs/SPEC.md §3 ablation switch.
 """
 
 from __future__ import annotations

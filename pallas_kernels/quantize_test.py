@@ -1,4 +1,4 @@
-"""Fused quantize kernels are bit-exact with horizon.quant.formats (SPEC §3)."""
+"""Fused quantize kernels are bit-exact with horizon.quant.formats (docs/SPEC.md §3)."""
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,7 @@ def test_bad_k():
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="Pallas' Triton lowering (jax 0.11.2, H200, 2026-12-04) has no reduce_and "
+@pytest.mark.xfail(strict=True, reason="Pallas' Triton lowering (jax 0.11.2, H200) has no reduce_and "
                    "and wants power-of-two blocks; docs/KERNELS.md")
 def test_quantize_kernels_on_gpu_bit_exact():
     """Compiled for the GPU (generic Pallas -> Triton; marked gpu): the same bytes as the XLA quantizers."""

@@ -101,7 +101,7 @@ def test_max_turns_override_reaches_the_episode(monkeypatch, tmp_path):
 def test_exp_steps_override_sets_the_async_step_count(tmp_path):
     """`exp.steps` is every loop's step count, and the RL schedule's (one FieldReference); the toy
     sync loop of experiments/rl_async.py runs exactly that many steps."""
-    from horizon.rl.runtime import async_loop, core as runtime
+    from horizon.rl.runtime import async_setup, core as runtime, orchestrator, processes
 
     drv = _driver("rl_async")
     c = drv.load_config(["--config=configs/rl_async.py", "--config.exp.steps=3", "--config.model.num_layers=2",
@@ -110,9 +110,9 @@ def test_exp_steps_override_sets_the_async_step_count(tmp_path):
     assert int(c.exp.steps) == 3 and int(c.rl.optim.steps) == 3
     c2 = drv.load_config(["--config=configs/rl_async_tiny.py", "--config.rl.prompts_per_step=3",
                           "--config.exp.backend=local"])
-    assert runtime.batch_slots(c2) == 3 and async_loop.worker_queue_depth(c2) == 3   # derived after overrides
-    async_loop.run_child(c, async_loop.sync_main, c, str(tmp_path / "sync"))
-    r = async_loop.summarize_sync(tmp_path / "sync")
+    assert runtime.batch_slots(c2) == 3 and async_setup.worker_queue_depth(c2) == 3   # derived after overrides
+    processes.run_child(c, processes.sync_main, c, str(tmp_path / "sync"))
+    r = orchestrator.summarize_sync(tmp_path / "sync")
     assert r["steps"] == 3 and len(r["rewards"]) == 3
 
 

@@ -1,4 +1,4 @@
-"""Self-summarization chains, baselines, and the recall harness check (SPEC §6)."""
+"""Self-summarization chains, baselines, and the recall harness check (docs/SPEC.md §6)."""
 
 import dataclasses
 
@@ -154,7 +154,7 @@ def test_summary_generation_limit_is_the_strategy_limit():
 
 def test_strategy_texts_are_configurable_and_no_back_to_back_compaction():
     """Short env-specific texts replace the defaults; a summary that leaves the context above the
-    trigger is not re-summarized before a new turn (no compaction loop: SPEC §6 step 4 -> step 1)."""
+    trigger is not re-summarized before a new turn (no compaction loop: docs/SPEC.md §6 step 4 -> step 1)."""
     from horizon.agent import Generation
 
     task = make_recall()

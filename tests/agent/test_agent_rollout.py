@@ -1,4 +1,4 @@
-"""Agent loop: end conditions, loss-mask alignment, stats, context strategies (SPEC §5, §6)."""
+"""Agent loop: end conditions, loss-mask alignment, stats, context strategies (docs/SPEC.md §5, §6)."""
 
 import dataclasses
 

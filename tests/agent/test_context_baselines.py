@@ -1,4 +1,4 @@
-"""The observation-masking and summarizing-condenser baselines (horizon.agent.summarize, SPEC §6; issue 25).
+"""The observation-masking and summarizing-condenser baselines (horizon.agent.summarize, docs/SPEC.md §6).
 
 Unit tests pin the context each strategy builds from a hand-made message list; the episode tests pin
 it on a scripted key-recall episode through the real agent loop (LocalSandbox).

@@ -1,4 +1,4 @@
-"""A scripted policy solves real tasks from envs/tasks end to end through the agent loop in Docker (SPEC §5)."""
+"""A scripted policy solves real tasks from envs/tasks end to end through the agent loop in Docker (docs/SPEC.md §5)."""
 
 from concurrent.futures import ThreadPoolExecutor
 

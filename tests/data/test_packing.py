@@ -1,4 +1,4 @@
-"""Packing invariants (SPEC §8): every token kept once, segments contiguous 1..n, positions reset,
+"""Packing invariants (docs/SPEC.md §8): every token kept once, segments contiguous 1..n, positions reset,
 no target crosses a segment boundary."""
 
 import numpy as np

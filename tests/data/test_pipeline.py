@@ -1,4 +1,4 @@
-"""Grain pipeline (SPEC §8): deterministic batches by step index, disjoint held-out split by path
+"""Grain pipeline (docs/SPEC.md §8): deterministic batches by step index, disjoint held-out split by path
 hash, packed-row invariants."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The one tokenizer interface (issue 22): byte and BPE tokenizers, chat format, HF chat-template parity."""
+"""The one tokenizer interface: byte and BPE tokenizers, chat format, HF chat-template parity."""
 
 from __future__ import annotations
 

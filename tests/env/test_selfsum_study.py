@@ -1,5 +1,5 @@
 """The self-summarization study's metrics, equal-treatment demos and pipeline (horizon.studies.selfsum,
-horizon.studies.selfsum_metrics; SPEC §6; issue 25). Metric tests use synthetic records with numbers
+horizon.studies.selfsum_metrics; docs/SPEC.md §6). Metric tests use synthetic records with numbers
 checkable by hand; the smoke test runs the study's pipeline without a model (the demonstrator as
 the policy, LocalSandbox pool) in a few seconds."""
 

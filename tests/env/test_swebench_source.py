@@ -1,4 +1,4 @@
-"""A SWE-bench task set as a task source without Docker (issue 26 item 4): the RL family's splits and
+"""A SWE-bench task set as a task source without Docker: the RL family's splits and
 seeds, the eval config's checks and the per-repository table."""
 
 import json

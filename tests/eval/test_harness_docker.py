@@ -1,4 +1,4 @@
-"""The harness end to end in real Docker sandboxes with scripted policies (SPEC §7)."""
+"""The harness end to end in real Docker sandboxes with scripted policies (docs/SPEC.md §7)."""
 
 import numpy as np
 import pytest

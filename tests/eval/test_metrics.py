@@ -1,4 +1,4 @@
-"""pass@k estimator, summaries and behaviour metrics on constructed records (SPEC §7)."""
+"""pass@k estimator, summaries and behaviour metrics on constructed records (docs/SPEC.md §7)."""
 
 import itertools
 import math

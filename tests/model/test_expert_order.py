@@ -1,4 +1,4 @@
-"""`moe.expert_order` (issue 24): the counting sort equals the stable argsort it replaces, bit for bit."""
+"""`moe.expert_order`: the counting sort equals the stable argsort it replaces, bit for bit."""
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,7 @@
 """The grouped expert GEMM (`horizon.quant.grouped`) is `jax.lax.ragged_dot` at the FLOPs it needs:
 values and both gradients equal ragged_dot's on ragged groups (empty groups, one group holding every
 row, rows past sum(group_sizes)), float32 and bfloat16; its compiled FLOPs for 2048 routed rows over
-32 experts stay within 1.5x of the grouped ideal while ragged_dot's are ~32x (SPEC §1)."""
+32 experts stay within 1.5x of the grouped ideal while ragged_dot's are ~32x (docs/SPEC.md §1)."""
 
 import jax
 import jax.numpy as jnp

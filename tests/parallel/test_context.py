@@ -1,4 +1,4 @@
-"""CP for MLA: zigzag layout, exactness vs the single-device attention, HLO all-gather bytes (SPEC §2)."""
+"""CP for MLA: zigzag layout, exactness vs the single-device attention, HLO all-gather bytes (docs/SPEC.md §2)."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""Multi-process path: 2 CPU processes x 4 devices form one 8-device mesh via jax.distributed (SPEC §2).
+"""Multi-process path: 2 CPU processes x 4 devices form one 8-device mesh via jax.distributed (docs/SPEC.md §2).
 
 Each process runs `_worker`: `jax.distributed.initialize`, the global ep4xcp2 mesh, its local half of
 the batch via `jax.make_array_from_process_local_data`, the sharded forward (CP + EP shard_maps with

@@ -1,5 +1,5 @@
 """EP MoE block: all-to-all dispatch/combine equals the local block; capacity drops counted; MXFP8
-dispatch; micro-batches; ragged path gated on CPU (SPEC §2)."""
+dispatch; micro-batches; ragged path gated on CPU (docs/SPEC.md §2)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Mesh axes and the one sharding-rules table (SPEC §2)."""
+"""Mesh axes and the one sharding-rules table (docs/SPEC.md §2)."""
 
 import jax
 import pytest

@@ -1,4 +1,4 @@
-"""experiments/pretrain.py runs on the mesh of its config (SPEC §2): the same 20-step loss
+"""experiments/pretrain.py runs on the mesh of its config (docs/SPEC.md §2): the same 20-step loss
 trajectory on one device and on 8 CPU devices under `fsdp4xcp2`, `ep4xcp2` and `ep8`, with the
 collectives each preset implies in the compiled step; a checkpoint written on `ep4xcp2` restores
 onto one device and onto another mesh with identical values."""

@@ -1,4 +1,4 @@
-"""Global sequence packing across DP ranks vs round-robin (SPEC §2)."""
+"""Global sequence packing across DP ranks vs round-robin (docs/SPEC.md §2)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Sharded LM train step == single-device step on every 8-device preset (SPEC §2).
+"""Sharded LM train step == single-device step on every 8-device preset (docs/SPEC.md §2).
 
 Covers the zigzag CP layout (fsdp4xcp2, ep4xcp2) and the EP all-to-all (ep4xcp2, ep8). One compile
 per preset (module fixture for the reference). The default run keeps fsdp4xcp2 (zigzag CP + FSDP) and

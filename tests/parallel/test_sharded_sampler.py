@@ -20,7 +20,7 @@ def reference(need8):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 256, n).astype(np.int32) for n in (3, 9, 5, 12, 1, 7, 10, 4)]  # ragged, batch 8
     # greedy (temperature 0) and no stop tokens: every row generates NEW tokens, so all of them compare
-    kw = dict(max_new_tokens=NEW, temperature=0.0, stop_tokens=())
+    kw = dict(max_new_tokens=NEW, sampling=sampler.SamplerConfig(temperature=0.0, stop_tokens=()))
     ref = sampler.generate(params, prompts, jax.random.key(0), cfg=cfg, **kw)
     return params, prompts, kw, ref
 

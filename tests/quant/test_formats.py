@@ -1,4 +1,4 @@
-"""MXFP8 / NVFP4 quantizers vs independent oracles, special values, packing (SPEC §3)."""
+"""MXFP8 / NVFP4 quantizers vs independent oracles, special values, packing (docs/SPEC.md §3)."""
 
 import jax
 import jax.numpy as jnp

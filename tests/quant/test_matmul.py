@@ -1,4 +1,4 @@
-"""Block-scaled matmul references vs jax.lax.scaled_dot and vs each other (SPEC §3)."""
+"""Block-scaled matmul references vs jax.lax.scaled_dot and vs each other (docs/SPEC.md §3)."""
 
 import jax
 import jax.numpy as jnp

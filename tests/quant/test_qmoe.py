@@ -1,4 +1,4 @@
-"""Quantized MoE grouped GEMM: MXFP8 backward, causality, batch sensitivity, gradients (SPEC §3)."""
+"""Quantized MoE grouped GEMM: MXFP8 backward, causality, batch sensitivity, gradients (docs/SPEC.md §3)."""
 
 import functools
 
@@ -157,7 +157,7 @@ def test_errors():
 
 def test_a_broken_kernel_package_fails_loudly(monkeypatch):
     """The kernel dispatcher loads the `horizon.quant_kernels` entry point; a package that is
-    registered but broken raises instead of silently falling back to the reference (issue 20)."""
+    registered but broken raises instead of silently falling back to the reference."""
     import importlib.metadata
 
     from horizon.quant import matmul as M

@@ -19,7 +19,8 @@ from horizon.rl.runtime import checks
 from horizon.rl.algo import trainer
 from horizon.inference import policy as engine_policy
 from horizon.inference import sampler
-from horizon.rl.runtime import async_loop, core as runtime, storage, workers
+from horizon.model.params import numpy_init
+from horizon.rl.runtime import async_setup, core as runtime, orchestrator, pools, storage, workers
 from horizon.rl.runtime import weight_sync as ws
 from horizon.utils.config import load_config_file
 
@@ -43,9 +44,9 @@ def small_cfg(**async_overrides):
 @pytest.fixture(scope="module")
 def inflight_env():
     c = small_cfg()
-    async_loop._setup_jax(c)        # persistent XLA cache: later runs skip most compiles
+    async_setup.setup_jax(c)        # persistent XLA cache: later runs skip most compiles
     cfg = ml_collections.FrozenConfigDict(c)
-    p0 = async_loop.numpy_init(cfg.model, 0)
+    p0 = numpy_init(cfg.model, 0)
     rng = np.random.default_rng(1)
     # a clearly different policy: the test must be able to tell which weights sampled a token
     p1 = jax.tree.map(lambda x: x + jnp.asarray(rng.normal(0, 0.05, x.shape), x.dtype), p0)
@@ -76,9 +77,9 @@ def test_rollout_spanning_a_weight_update(inflight_env, kv_mode):
     prompt = workers.toy_prompt("toy_0", TOK)
     chunk, n_new = 4, 12
     # two rows and the config's buckets: the same compiled shapes as the toy rollout below
-    kw = dict(sampler.sampler_kwargs_from_config(cfg), min_batch_bucket=2)
+    sc = sampler.sampler_config(cfg, min_batch_bucket=2, chunk_tokens=chunk, kv_mode=kv_mode, stop_tokens=())
     out = sampler.generate(None, [prompt, prompt], jax.random.key(0), cfg=cfg, poll=switching_poll(p0, p1, 1),
-                           max_new_tokens=n_new, chunk_tokens=chunk, kv_mode=kv_mode, stop_tokens=(), **kw)
+                           max_new_tokens=n_new, sampling=sc)
     v, gen, lp = out.versions[0], out.tokens[0], out.logprobs[0]
     assert out.switches == 1 and len(gen) == n_new
     # recompute: the pending token is re-sampled by the new weights; keep: it stays old-version
@@ -102,10 +103,11 @@ def test_polling_without_a_switch_is_fixed_params_generate(inflight_env, kv_mode
     (same keys, same compiled steps), with every token tagged by the polled version."""
     cfg, p0, _, _ = inflight_env
     prompts = [workers.toy_prompt("toy_0", TOK), workers.toy_prompt("toy_12", TOK)]
-    kw = dict(sampler.sampler_kwargs_from_config(cfg), min_batch_bucket=2, max_new_tokens=12)
-    fixed = sampler.generate(p0, prompts, jax.random.key(5), cfg=cfg, version=3, **kw)
-    polled = sampler.generate(None, prompts, jax.random.key(5), cfg=cfg, poll=lambda: (p0, 3), chunk_tokens=4,
-                              kv_mode=kv_mode, **kw)
+    sc = sampler.sampler_config(cfg, min_batch_bucket=2)
+    polled_sc = sampler.sampler_config(cfg, min_batch_bucket=2, chunk_tokens=4, kv_mode=kv_mode)
+    fixed = sampler.generate(p0, prompts, jax.random.key(5), cfg=cfg, max_new_tokens=12, sampling=sc, version=3)
+    polled = sampler.generate(None, prompts, jax.random.key(5), cfg=cfg, max_new_tokens=12, poll=lambda: (p0, 3),
+                              sampling=polled_sc)
     assert polled.switches == 0
     for a, b in zip(fixed.tokens + fixed.logprobs + fixed.versions, polled.tokens + polled.logprobs + polled.versions):
         np.testing.assert_array_equal(a, b)
@@ -163,14 +165,14 @@ def test_experiment_env_batches_slots_of_rl_py_task(inflight_env):
 
 # ----------------------------------------------------------------------------- scheduler + stores (no JAX)
 def test_staleness_admission_control():
-    s = async_loop.StalenessScheduler(groups_per_step=2, max_staleness=1)
+    s = orchestrator.StalenessScheduler(groups_per_step=2, max_staleness=1)
     assert not s.can_admit(0, None)                          # no weights yet
     assert [x for x in range(10) if s.can_admit(x, 0)] == [0, 1, 2, 3]   # steps 0, 1 while v=0
     assert s.capacity(0) == 4 and s.capacity(3) == 10
-    sync = async_loop.StalenessScheduler(groups_per_step=2, max_staleness=0)
+    sync = orchestrator.StalenessScheduler(groups_per_step=2, max_staleness=0)
     assert [x for x in range(10) if sync.can_admit(x, 2)] == [0, 1, 2, 3, 4, 5]  # only up to step 2's
     with pytest.raises(ValueError):
-        async_loop.StalenessScheduler(2, -1)
+        orchestrator.StalenessScheduler(2, -1)
 
 
 def test_group_store_writes_once_and_scheduler_state_roundtrip(tmp_path):
@@ -196,7 +198,7 @@ def test_a_killed_rollout_worker_is_replaced_and_its_batches_requested_again(tmp
                   storage_url=f"file://{tmp_path}/bucket")
     steps = 3
     run = tmp_path / "run"
-    res = async_loop.Orchestrator(c, run, num_steps=steps, kill_worker_at=1).run()
+    res = orchestrator.Orchestrator(c, run, num_steps=steps, kill_worker_at=1).run()
     assert not (run / "groups").exists() and ws.latest_version(tmp_path / "bucket" / "run" / "weights") == steps
     assert storage.GroupStore(tmp_path / "bucket" / "run" / "groups").ready_slots() == list(range(steps * 2))
     assert res["worker_restarts"] >= 1
@@ -206,13 +208,13 @@ def test_a_killed_rollout_worker_is_replaced_and_its_batches_requested_again(tmp
     assert lost                                                # it died holding a batch
     wrote = sorted(e["slot"] for e in events if e.get("kind") == "grouped" and e["wrote"])
     assert wrote == list(range(steps * 2))                     # no slot written twice, none missing
-    steps_log = [r for r in async_loop.read_trainer_log(run) if r["event"] == "step"]
+    steps_log = [r for r in orchestrator.read_trainer_log(run) if r["event"] == "step"]
     assert [len(r["slots"]) for r in steps_log] == [2] * steps
 
 
 def train_only(c, run, steps: int, timeout_s: float = 600) -> None:
     """Run just the trainer (group) of `c` on the groups already in `run`, to completion."""
-    pool = async_loop.make_pool("ray", c)
+    pool = orchestrator.make_pool("ray", c)
     try:
         pool.start_trainer(c, str(run), steps)
         assert pool.wait_trainer(timeout_s) == 0
@@ -232,10 +234,10 @@ def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path, steps,
     c = small_cfg(max_staleness=1, num_rollout_workers=1, publish_dtype="float32", full_every=3,
                   poll_s=0.02)
     run = tmp_path / "run"
-    orch = async_loop.Orchestrator(c, run, num_steps=steps, kill_trainer_at=kill_at)
+    orch = orchestrator.Orchestrator(c, run, num_steps=steps, kill_trainer_at=kill_at)
     res = orch.run()
     assert res["trainer_restarts"] == 1
-    log = async_loop.read_trainer_log(run)
+    log = orchestrator.read_trainer_log(run)
     starts = [r for r in log if r["event"] == "start"]
     assert len(starts) == 2 and starts[1]["restored"] and starts[1]["step"] >= kill_at
     assert starts[0]["pid"] != starts[1]["pid"]
@@ -245,7 +247,7 @@ def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path, steps,
     assert sorted(grouped) == list(range(steps * 2)) and all(e["wrote"] for e in events if e.get("kind") == "grouped")
     assert any(e.get("kind") == "trainer_killed" for e in events)
     # staleness bound held for every trained token
-    hist = async_loop.summarize(run)["staleness_hist"]
+    hist = orchestrator.summarize(run)["staleness_hist"]
     assert hist and max(hist) <= 1 and min(hist) >= 0
     # an uninterrupted trainer on the same groups reaches bit-identical weights
     ref = tmp_path / "ref"
@@ -254,17 +256,17 @@ def test_trainer_sigkill_restart_resumes_groups_bit_identically(tmp_path, steps,
     train_only(c, ref, steps)
     for v in range(steps + 1):
         assert _weights_sha(run, v) == _weights_sha(ref, v), f"version {v} differs"
-    assert len([r for r in async_loop.read_trainer_log(ref) if r["event"] == "start"]) == 1
+    assert len([r for r in orchestrator.read_trainer_log(ref) if r["event"] == "start"]) == 1
 
 
 def test_placement_and_engine_specs_parse_or_fail_in_one_line():
-    assert async_loop.parse_resources("trainer=1, rollout=0.5") == {"trainer": 1.0, "rollout": 0.5}
-    assert async_loop.parse_resources("") == {}
+    assert pools.parse_resources("trainer=1, rollout=0.5") == {"trainer": 1.0, "rollout": 0.5}
+    assert pools.parse_resources("") == {}
     with pytest.raises(ValueError, match="expected 'name=amount"):
-        async_loop.parse_resources("trainer")
+        pools.parse_resources("trainer")
     spec = "10.0.0.5=tcp://10.0.0.5:2375,*=unix:///var/run/docker.sock"
-    assert async_loop.docker_host_for(spec, "10.0.0.5") == "tcp://10.0.0.5:2375"
-    assert async_loop.docker_host_for(spec, "10.0.0.6") == "unix:///var/run/docker.sock"
-    assert async_loop.docker_host_for("", "10.0.0.6") is None
+    assert pools.docker_host_for(spec, "10.0.0.5") == "tcp://10.0.0.5:2375"
+    assert pools.docker_host_for(spec, "10.0.0.6") == "unix:///var/run/docker.sock"
+    assert pools.docker_host_for("", "10.0.0.6") is None
     with pytest.raises(ValueError, match="expected 'IP=URL"):
-        async_loop.docker_host_for("10.0.0.5=nohost", "10.0.0.5")
+        pools.docker_host_for("10.0.0.5=nohost", "10.0.0.5")

@@ -41,7 +41,8 @@ def make_groups(seed=0, G=3, n_groups=2, end_reason="final"):
 
 def build(groups, rewards, **kw):
     kw = {"min_rows": 8, "min_seq": 16, **kw}
-    return rlbatch.build_batch(groups, rewards, num_moe_layers=L, experts_per_tok=K, pad_id=TOK.pad_id, **kw)
+    return rlbatch.build_batch(groups, rewards,
+                               rlbatch.BatchConfig(num_moe_layers=L, experts_per_tok=K, pad_id=TOK.pad_id, **kw))
 
 
 def rows_of(groups):

@@ -15,7 +15,7 @@ import signal
 import numpy as np
 import pytest
 
-from horizon.rl.runtime import async_loop, distributed
+from horizon.rl.runtime import distributed, orchestrator
 from horizon.rl.runtime import weight_sync as ws
 from horizon.train import checkpoint
 from horizon.utils.config import ConfigError
@@ -55,12 +55,12 @@ def test_group_args_and_exitcode():
 @pytest.mark.slow     # ~2 min: a rollout run, then a 1-process and a 2-process trainer (gloo collectives)
 def test_two_process_trainer_equals_one_process_on_the_same_groups(tmp_path):
     run = tmp_path / "run"
-    async_loop.Orchestrator(_cfg(1), run, num_steps=STEPS).run()       # groups + the 1-process trainer
+    orchestrator.Orchestrator(_cfg(1), run, num_steps=STEPS).run()       # groups + the 1-process trainer
     two = tmp_path / "two"
     two.mkdir()
     shutil.copytree(run / "groups", two / "groups")
     train_only(_cfg(2), two, STEPS)
-    log = async_loop.read_trainer_log(two)
+    log = orchestrator.read_trainer_log(two)
     start = [r for r in log if r["event"] == "start"]
     assert [(r["processes"], r["local_devices"], r["devices"]) for r in start] == [(2, 4, 8)]   # child_env
     assert [r["step"] for r in log if r["event"] == "step"] == [1, 2]       # process 0 alone logs
@@ -86,9 +86,9 @@ def test_two_process_trainer_equals_one_process_on_the_same_groups(tmp_path):
 @pytest.mark.slow     # ~2 min
 def test_a_lost_trainer_process_restarts_the_group_from_its_checkpoint(tmp_path):
     run = tmp_path / "run"
-    res = async_loop.Orchestrator(_cfg(2), run, num_steps=3, kill_trainer_at=1).run()
+    res = orchestrator.Orchestrator(_cfg(2), run, num_steps=3, kill_trainer_at=1).run()
     assert res["trainer_restarts"] == 1
-    starts = [r for r in async_loop.read_trainer_log(run) if r["event"] == "start"]
+    starts = [r for r in orchestrator.read_trainer_log(run) if r["event"] == "start"]
     assert len(starts) == 2 and starts[1]["restored"] and starts[1]["processes"] == 2
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
     restarts = [e for e in events if e.get("kind") == "trainer_restart"]

@@ -19,14 +19,17 @@ from horizon.model import transformer
 from horizon.model.params import numpy_init
 from horizon.inference import engine as E
 from horizon.inference import policy as engine_policy
-from horizon.inference import sampler
+from horizon.inference import replicas, sampler
+from horizon.inference.config import EngineConfig
+from horizon.inference.sampler import SamplerConfig
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_LEN = 512
-EC = E.EngineConfig(slots=4, max_len=MAX_LEN, prefill_chunk=32, min_prefill_chunk=32, sync_tokens=8,
-                    min_window=MAX_LEN, park_tokens=2 * MAX_LEN, stop_slots=4)
+EC = EngineConfig(slots=4, max_len=MAX_LEN, prefill_chunk=32, min_prefill_chunk=32, sync_tokens=8,
+                  min_window=MAX_LEN, park_tokens=2 * MAX_LEN, stop_slots=4)
 GEN = dict(min_prompt_bucket=64, min_new_bucket=32)    # one generate compile for every reference call
+NO_STOP = SamplerConfig(stop_tokens=(), **GEN)
 # Logprob tolerance: float32 with "highest" matmuls (tests/conftest.py); the engine's decode and chunked
 # prefill differ from the training forward only in summation order (absorbed MLA projections, chunk
 # boundaries, window lengths): observed ~1e-6. 1e-4 leaves margin and still catches any off-by-one
@@ -83,7 +86,7 @@ def _seq_key(i):
 def _generate_one(setup, prompt, i, max_new, stops=(), params=None):
     mcfg, p0, _ = setup
     return sampler.generate(p0 if params is None else params, [prompt], jax.random.key(100 + i), cfg=mcfg,
-                            max_new_tokens=max_new, stop_tokens=stops, **GEN)
+                            max_new_tokens=max_new, sampling=SamplerConfig(stop_tokens=stops, **GEN))
 
 
 def test_continuous_batching_equals_one_at_a_time_generate(setup):
@@ -329,7 +332,7 @@ def test_engine_policy_batched_call_equals_generate_and_swaps_weights(setup):
     policy = engine_policy.EnginePolicy(holder, mcfg, jax.random.key(0), engine=EC, stop_tokens=())
     gens = policy(prompts, 8)
     _, sub = jax.random.split(jax.random.key(0))            # the first call's key split
-    ref = sampler.generate(params, prompts, sub, cfg=mcfg, max_new_tokens=8, stop_tokens=(), **GEN)
+    ref = sampler.generate(params, prompts, sub, cfg=mcfg, max_new_tokens=8, sampling=NO_STOP)
     for g, t, lp in zip(gens, ref.tokens, ref.logprobs):
         np.testing.assert_array_equal(g.tokens, t)
         np.testing.assert_allclose(g.logprobs, lp, rtol=0, atol=ATOL)
@@ -390,8 +393,8 @@ def test_replicas_serve_one_stream_like_one_engine(setup):
     holding its cache and prefills only its new tokens; `stats` sums the replicas."""
     mcfg, params, _ = setup
     ec2 = dataclasses.replace(EC, replicas=2)
-    eng = E.make_engine(mcfg, engine=ec2, params=params, stop_tokens=())
-    assert isinstance(eng, E.EngineReplicas) and [e.ec.slots for e in eng.engines] == [2, 2]
+    eng = replicas.make_engine(mcfg, engine=ec2, params=params, stop_tokens=())
+    assert isinstance(eng, replicas.EngineReplicas) and [e.ec.slots for e in eng.engines] == [2, 2]
     assert len({e.device for e in eng.engines}) == 2
     assert all(set(leaf.devices()) == {e.device} for e in eng.engines for leaf in jax.tree.leaves(e.cache))
     prompts = _prompts(5, seed=6)
@@ -426,11 +429,11 @@ def test_replicas_policy_swaps_weights_and_bad_sizes_raise(setup):
     mcfg, params, _ = setup
     holder = sampler.ParamsHolder(params)
     policy = engine_policy.EnginePolicy(holder, mcfg, jax.random.key(0), engine=dataclasses.replace(EC, replicas=2), stop_tokens=())
-    assert isinstance(policy.engine, E.EngineReplicas)
+    assert isinstance(policy.engine, replicas.EngineReplicas)
     prompts = _prompts(4, seed=9)
     gens = policy(prompts, 6)
     _, sub = jax.random.split(jax.random.key(0))
-    ref = sampler.generate(params, prompts, sub, cfg=mcfg, max_new_tokens=6, stop_tokens=(), **GEN)
+    ref = sampler.generate(params, prompts, sub, cfg=mcfg, max_new_tokens=6, sampling=NO_STOP)
     for g, t in zip(gens, ref.tokens):
         np.testing.assert_array_equal(g.tokens, t)
     assert holder.update(jax.tree.map(lambda x: x * 1.5, params)) == 1
@@ -438,8 +441,8 @@ def test_replicas_policy_swaps_weights_and_bad_sizes_raise(setup):
     assert policy.state["switches"] == 1 == policy.engine.stats["switches"]
     n = len(jax.local_devices())
     with pytest.raises(ValueError, match=f"need {n + 1} local devices"):
-        E.make_engine(mcfg, engine=dataclasses.replace(EC, slots=2 * (n + 1), replicas=n + 1), params=params)
+        replicas.make_engine(mcfg, engine=dataclasses.replace(EC, slots=2 * (n + 1), replicas=n + 1), params=params)
     with pytest.raises(ValueError, match="multiple of engine replicas"):
-        E.make_engine(mcfg, engine=dataclasses.replace(EC, slots=3, replicas=2), params=params)
+        replicas.make_engine(mcfg, engine=dataclasses.replace(EC, slots=3, replicas=2), params=params)
     with pytest.raises(ValueError, match="one replica"):
         E.Engine(mcfg, engine=dataclasses.replace(EC, replicas=2), params=params)

@@ -17,13 +17,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from horizon.model.params import numpy_init
 from horizon.parallel import mesh as pmesh
 from horizon.inference import engine as E
+from horizon.inference.config import EngineConfig, validate_engine
+from horizon.inference.replicas import EngineReplicas
 from horizon.utils.config import ConfigError, load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 MAX_LEN = 128
-EC = E.EngineConfig(slots=4, max_len=MAX_LEN, prefill_chunk=32, min_prefill_chunk=32, sync_tokens=8,
-                    min_window=MAX_LEN, park_tokens=2 * MAX_LEN, stop_slots=4)
+EC = EngineConfig(slots=4, max_len=MAX_LEN, prefill_chunk=32, min_prefill_chunk=32, sync_tokens=8,
+                  min_window=MAX_LEN, park_tokens=2 * MAX_LEN, stop_slots=4)
 # Logprob tolerance: f32 with "highest" matmuls (tests/conftest.py). The mesh run does each row's
 # arithmetic on the same numbers; only reduction order differs (FSDP-gathered weights, the routed
 # expert sums, the masked gather + all-reduce of a prefill's cache rows): ~1e-6 observed, as the
@@ -95,8 +97,6 @@ def test_engine_on_a_mesh_samples_what_one_device_samples(need8):
 def test_mesh_slots_must_divide_over_the_batch_ranks(need8):
     """4 slots over 8 data-parallel ranks: a one-line error at construction, and `validate_engine`
     names the field before any run starts."""
-    from horizon.inference.config import validate_engine
-
     with pytest.raises(ValueError, match="multiple of the mesh's 8 data-parallel"):
         E.Engine(_cfg(data=8), params={}, engine=EC)
     c = load_config_file(ROOT / "configs" / "rl_tiny.py")
@@ -111,8 +111,6 @@ def test_engine_replicas_config_is_checked_before_a_run(need8):
     """`rl.sampler.engine_replicas`: slots must divide over the replicas, and replicas do not combine
     with a multi-device mesh (the engine is sharded over it); both name the field (`validate_engine`),
     and `EngineReplicas` refuses a mesh at construction."""
-    from horizon.inference.config import validate_engine
-
     c = load_config_file(ROOT / "configs" / "rl_tiny.py")
     c.rl.sampler.engine_replicas = 2
     validate_engine(c)
@@ -124,4 +122,4 @@ def test_engine_replicas_config_is_checked_before_a_run(need8):
     with pytest.raises(ConfigError, match=r"rl\.sampler\.engine_replicas=2: must be 1 with a multi-device mesh"):
         validate_engine(c)
     with pytest.raises(ValueError, match="do not combine"):
-        E.EngineReplicas(_cfg(data=2), params={}, engine=dataclasses.replace(EC, replicas=2))
+        EngineReplicas(_cfg(data=2), params={}, engine=dataclasses.replace(EC, replicas=2))

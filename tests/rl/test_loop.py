@@ -82,7 +82,7 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
 
 
 def test_run_sft_lr_override_is_local(tmp_path):
-    """`lr` (two_stage_sft's `exp.sft.clean_lr`) sets this call's peak lr only. Adam's first step
+    """A stage's `lr` (two_stage_sft's `exp.sft.clean_lr`) sets this call's peak lr only. Adam's first step
     moves every parameter with a gradient by exactly lr (m / sqrt(v) = sign(g); warmup is 0 for a
     1-step run), so the largest change of the lm head is the lr used."""
     from horizon.model import transformer
@@ -95,7 +95,7 @@ def test_run_sft_lr_override_is_local(tmp_path):
     for name, lr in (("low", 3e-4), ("default", None)):
         p0 = transformer.init(run_keys(c.seed)["init"], c.model)
         head0 = np.asarray(p0["lm_head"]).copy()                       # (d_model, vocab)
-        p = loop.run_sft(p0, rows, c, tmp_path, lambda r: None, name=name, lr=lr)
+        p = loop.run_sft(p0, rows, c, tmp_path, lambda r: None, stage=loop.SFTStage(name=name, lr=lr))
         head = np.asarray(p["lm_head"])
         want = c.exp.sft.optim.lr if lr is None else lr
         np.testing.assert_allclose(np.abs(head - head0).max(), want, rtol=1e-3)
@@ -142,7 +142,7 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
 
 
 def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
-    """`probe` (selfsum's key-copy check during SFT) runs every `probe_every` steps and at the
+    """`probe` (selfsum's key-copy check during SFT) runs every `stage.probe_every` steps and at the
     end, sees the params of that step, and its numbers join the log record."""
     from horizon.model import transformer
     from horizon.env.demos import config_edit_demos
@@ -160,7 +160,7 @@ def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
 
     p0 = transformer.init(run_keys(c.seed)["init"], c.model)
     head0 = np.asarray(p0["lm_head"]).copy()
-    p = loop.run_sft(p0, rows, c, tmp_path, recs.append, probe=probe, probe_every=2)
+    p = loop.run_sft(p0, rows, c, tmp_path, recs.append, stage=loop.SFTStage(probe_every=2), probe=probe)
     assert [r["step"] for r in recs] == [2, 3] and len(seen) == 2       # step 2, then the end (step 3)
     np.testing.assert_array_equal(seen[-1], np.asarray(p["lm_head"]))
     assert not np.array_equal(seen[0], head0) and not np.array_equal(seen[0], seen[1])

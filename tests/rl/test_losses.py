@@ -1,5 +1,6 @@
 """Tests for horizon.rl.algo.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
 
+import dataclasses
 import math
 import statistics
 
@@ -124,11 +125,11 @@ def test_pg_loss_aggregations_hand_values():
     # ratio = 1: token_sum = -(1*2 + -2*3)/2 = 2; seq_mean = -(1 + -2)/2 = 0.5;
     # token_mean = -(2 - 6)/5 = 0.8.
     for agg, want in (("token_sum", 2.0), ("seq_mean", 0.5), ("token_mean", 0.8)):
-        loss, met = L.policy_gradient_loss(lp, lp, adv, mask, agg=agg)
+        loss, met = L.policy_gradient_loss(lp, lp, adv, mask, L.LossConfig(agg=agg))
         assert abs(float(loss) - want) < ATOL, agg
         assert float(met["num_tokens"]) == 5
         assert float(met["clip_frac"]) == 0
-    loss, _ = L.policy_gradient_loss(lp, lp, adv, mask, token_sum_norm=4.0)
+    loss, _ = L.policy_gradient_loss(lp, lp, adv, mask, L.LossConfig(token_sum_norm=4.0))
     assert abs(float(loss) - 1.0) < ATOL
 
 
@@ -142,12 +143,12 @@ def test_pg_loss_ratio_and_clip_hand_values():
     # unclipped: -(1.5 + 0.5 - 0.5)/3 = -0.5
     assert abs(float(loss) + 0.5) < 1e-6
     assert abs(float(met["ratio_max"]) - 1.5) < 1e-6
-    loss_c, met_c = L.policy_gradient_loss(lp, samp, adv, mask, clip_eps=0.2)
+    loss_c, met_c = L.policy_gradient_loss(lp, samp, adv, mask, L.LossConfig(clip_eps=0.2))
     # clipped: min(1.5, 1.2)=1.2 (binds), min(0.5, 0.8)=0.5, min(-0.5, -0.8)=-0.8 (binds)
     assert abs(float(loss_c) + (1.2 + 0.5 - 0.8) / 3) < 1e-6
     assert abs(float(met_c["clip_frac"]) - 2 / 3) < 1e-6
     # Gradient: d/dlogp of ratio*A is ratio*A; clipped tokens get none.
-    g = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, clip_eps=0.2)[0])(lp)
+    g = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, L.LossConfig(clip_eps=0.2))[0])(lp)
     np.testing.assert_allclose(g[:, 0], [0.0, -0.5 / 3, 0.0], atol=1e-6)
     # Denominator is stop-gradient: no gradient flows into sampler_logprobs.
     gs = jax.grad(lambda s: L.policy_gradient_loss(lp, s, adv, mask)[0])(samp)
@@ -161,7 +162,8 @@ def test_pg_loss_length_doubling():
     mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool)
 
     def row_weight(agg):
-        g = jax.grad(lambda x: L.policy_gradient_loss(x, jax.lax.stop_gradient(x), adv, mask, agg=agg)[0])(lp)
+        cfg = L.LossConfig(agg=agg)
+        g = jax.grad(lambda x: L.policy_gradient_loss(x, jax.lax.stop_gradient(x), adv, mask, cfg)[0])(lp)
         return np.asarray(-g.sum(axis=1))
 
     w = row_weight("token_sum")
@@ -180,40 +182,52 @@ def test_overlong_mask_off_by_default_and_drops_rows():
     trunc = jnp.array([False, True])
     loss, _ = L.policy_gradient_loss(lp, lp, adv, mask, truncated=trunc)
     assert abs(float(loss) + (2 + 6) / 2) < ATOL  # flag ignored when overlong_mask is off
-    loss, met = L.policy_gradient_loss(lp, lp, adv, mask, truncated=trunc, overlong_mask=True)
+    loss, met = L.policy_gradient_loss(lp, lp, adv, mask, L.LossConfig(overlong_mask=True), truncated=trunc)
     assert abs(float(loss) + 2 / 2) < ATOL
     assert float(met["num_tokens"]) == 2
     with pytest.raises(ValueError, match="truncated"):
-        L.policy_gradient_loss(lp, lp, adv, mask, overlong_mask=True)
+        L.policy_gradient_loss(lp, lp, adv, mask, L.LossConfig(overlong_mask=True))
 
 
 def test_pg_loss_validation():
     lp = jnp.zeros((2, 3))
     ok = dict(sampler_logprobs=lp, advantages=jnp.zeros(2), mask=jnp.ones((2, 3)))
     with pytest.raises(ValueError, match="loss_agg"):
-        L.policy_gradient_loss(lp, **ok, agg="sum")
+        L.LossConfig(agg="sum")
     with pytest.raises(ValueError, match="kl_mode"):
-        L.policy_gradient_loss(lp, **ok, kl_mode="x", ref_logprobs=lp, kl_coef=1.0)
+        L.LossConfig(kl_mode="x", kl_coef=1.0)
     with pytest.raises(ValueError, match="kl_estimator"):
-        L.policy_gradient_loss(lp, **ok, kl_estimator="k4")
+        L.LossConfig(kl_estimator="k4")
+    with pytest.raises(ValueError, match="kl_coef"):
+        L.LossConfig(kl_coef=-0.1)
+    with pytest.raises(ValueError, match="clip_eps"):
+        L.LossConfig(clip_eps=-0.2)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        L.policy_gradient_loss(lp, **ok, kl_coef=0.1)
+        L.policy_gradient_loss(lp, **ok, config=L.LossConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match="row_segment_index"):
+        L.policy_gradient_loss(lp, **ok, row_chain_index=jnp.zeros(2, jnp.int32))
     with pytest.raises(ValueError, match="advantages"):
         L.policy_gradient_loss(lp, lp, jnp.zeros(3), jnp.ones((2, 3)))
     with pytest.raises(ValueError, match="mask shape"):
         L.policy_gradient_loss(lp, lp, jnp.zeros(2), jnp.ones((2, 2)))
 
 
-def test_jit_and_config_kwargs():
+def test_jit_and_loss_config():
     cfg = load_config_file("configs/rl_tiny.py").rl
-    kw = L.loss_kwargs_from_config(cfg)
-    assert kw["agg"] == "token_sum" and kw["kl_estimator"] == "k1" and kw["clip_eps"] is None
-    assert cfg.std_normalize is False and cfg.overlong_mask is False
+    lc = L.loss_config(cfg)
+    assert lc.agg == "token_sum" and lc.kl_estimator == "k1" and lc.clip_eps is None and lc.token_sum_norm is None
+    assert lc.kl_coef == float(cfg.kl_coef) and lc.kl_mode == cfg.kl_mode
+    assert cfg.std_normalize is False and cfg.overlong_mask is False and lc.overlong_mask is False
+    # frozen and hashable by value: a static value the jitted step can close over
+    assert lc == L.loss_config(cfg) and hash(lc) == hash(L.loss_config(cfg))
+    assert jax.jit(lambda x, c: x, static_argnums=1)(1.0, lc) == 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lc.kl_coef = 0.0
     lp = -jnp.arange(6, dtype=jnp.float32).reshape(2, 3) / 10
     args = (lp, lp + 0.01, jnp.array([0.5, -0.5]), jnp.ones((2, 3)))
-    f = jax.jit(lambda *a: L.policy_gradient_loss(*a, ref_logprobs=lp - 0.1, **kw))
+    f = jax.jit(lambda *a: L.policy_gradient_loss(*a, lc, ref_logprobs=lp - 0.1))
     loss_j, met_j = f(*args)
-    loss, met = L.policy_gradient_loss(*args, ref_logprobs=lp - 0.1, **kw)
+    loss, met = L.policy_gradient_loss(*args, lc, ref_logprobs=lp - 0.1)
     assert abs(float(loss_j) - float(loss)) < 1e-6
     assert abs(float(met_j["kl_k1"]) - 0.1) < 1e-6
 
@@ -233,19 +247,21 @@ def test_kl_penalty_reward_to_go_hand_values():
     """With ratio 1 the loss value shows the per-token advantage A_t - β·pen_t."""
     lp = jnp.zeros((1, 3))
     ref = -jnp.array([[0.1, 0.2, 0.3]])  # k1 = [0.1, 0.2, 0.3]
-    kw = dict(ref_logprobs=ref, kl_coef=1.0)
-    loss, met = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl_mode="reward", **kw)
+    def kl(mode):
+        return L.LossConfig(kl_coef=1.0, kl_mode=mode)
+
+    loss, met = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl("reward"), ref_logprobs=ref)
     # reward-to-go [0.6, 0.5, 0.3]: -(0.4 + 0.5 + 0.7) = -1.6
     assert abs(float(loss) + 1.6) < 1e-6
     assert abs(float(met["kl_k1"]) - 0.2) < 1e-6
-    loss, _ = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl_mode="reward_token", **kw)
+    loss, _ = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl("reward_token"), ref_logprobs=ref)
     assert abs(float(loss) + 2.4) < 1e-6  # -(0.9 + 0.8 + 0.7)
-    loss, met = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl_mode="loss", **kw)
+    loss, met = L.policy_gradient_loss(lp, lp, jnp.ones(1), jnp.ones((1, 3)), kl("loss"), ref_logprobs=ref)
     assert abs(float(loss) - (-3.0 + 0.6)) < 1e-6  # pg -3, KL term +0.6
     assert abs(float(met["kl_loss"]) - 0.6) < 1e-6
     # Masked tokens carry no penalty: only the first two count, reward-to-go [0.3, 0.2].
     m = jnp.array([[1, 1, 0]], bool)
-    loss, _ = L.policy_gradient_loss(lp, lp, jnp.ones(1), m, kl_mode="reward", **kw)
+    loss, _ = L.policy_gradient_loss(lp, lp, jnp.ones(1), m, kl("reward"), ref_logprobs=ref)
     assert abs(float(loss) + (0.7 + 0.8)) < 1e-6
 
 
@@ -282,7 +298,7 @@ def _bandit_grad_fn(estimator, mode):
         ref = jax.nn.log_softmax(PHI)[x].reshape(1, 1)
         loss, _ = L.policy_gradient_loss(
             lq, jax.lax.stop_gradient(lq), jnp.zeros(1), jnp.ones((1, 1)),
-            ref_logprobs=ref, kl_coef=1.0, kl_estimator=estimator, kl_mode=mode)
+            L.LossConfig(kl_coef=1.0, kl_estimator=estimator, kl_mode=mode), ref_logprobs=ref)
         return loss
     return lambda x: jax.grad(loss_one)(THETA, x)
 
@@ -321,7 +337,7 @@ def test_kl_reward_mode_k1_gradient_is_unbiased(bandit_samples, bandit_targets):
         lq = jax.nn.log_softmax(theta)[x][:, None]
         ref = jax.nn.log_softmax(PHI)[x][:, None]
         return L.policy_gradient_loss(lq, jax.lax.stop_gradient(lq), jnp.zeros(N_MC), jnp.ones_like(lq),
-                                      ref_logprobs=ref, kl_coef=1.0)[0]
+                                      L.LossConfig(kl_coef=1.0), ref_logprobs=ref)[0]
     np.testing.assert_allclose(jax.jit(jax.grad(batch_loss))(THETA), mean, atol=1e-5)
 
 
@@ -388,14 +404,14 @@ def _two_step_grad_fn(mode, as_segments=False):
         lq, lp = _two_step_logprobs(params, y)
         if as_segments:  # each token its own row (segment) of one chain
             lq, lp = lq[:, None], lp[:, None]
-            extra = dict(row_chain_index=jnp.array([0, 0]), row_segment_index=jnp.array([0, 1]),
-                         token_sum_norm=1.0)
+            extra = dict(row_chain_index=jnp.array([0, 0]), row_segment_index=jnp.array([0, 1]))
+            cfg = L.LossConfig(kl_coef=1.0, kl_mode=mode, token_sum_norm=1.0)
         else:
             lq, lp = lq[None], lp[None]
             extra = {}
+            cfg = L.LossConfig(kl_coef=1.0, kl_mode=mode)
         loss, _ = L.policy_gradient_loss(
-            lq, jax.lax.stop_gradient(lq), jnp.zeros(lq.shape[0]), jnp.ones_like(lq),
-            ref_logprobs=lp, kl_coef=1.0, kl_mode=mode, **extra)
+            lq, jax.lax.stop_gradient(lq), jnp.zeros(lq.shape[0]), jnp.ones_like(lq), cfg, ref_logprobs=lp, **extra)
         return loss
     return lambda y: ravel_pytree(jax.grad(loss_one)((TH1, TH2), y))[0]
 
@@ -478,7 +494,7 @@ def test_stale_corrections_match_numpy_reference(agg, caps):
     lp, samp, adv, mask = _stale_inputs()
     kw = dict(tis_cap=caps.get("tis", 0.0), token_mask_cap=caps.get("tok", 0.0), seq_mask_cap=caps.get("seq", 0.0))
     (loss, met), g = jax.value_and_grad(
-        lambda x: L.policy_gradient_loss(x, samp, adv, mask, agg=agg, **kw), has_aux=True)(lp)
+        lambda x: L.policy_gradient_loss(x, samp, adv, mask, L.LossConfig(agg=agg, **kw)), has_aux=True)(lp)
     want, want_g, keep = _np_stale(agg, **caps)
     np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(g), want_g, rtol=1e-5, atol=1e-6)
@@ -495,8 +511,8 @@ def test_stale_corrections_hand_values():
     """token_mean with all three caps, by hand: rows 1-2 dropped (geo means 1.94, 0.56), token 0.3
     of row 3 masked, 2.5 capped to 2: -(1.25 + 0.9 + 2 + 1.1 - 1.5 (1.1 + 1.3 + 0.75)) / 16."""
     lp, samp, adv, mask = _stale_inputs()
-    loss, met = L.policy_gradient_loss(lp, samp, adv, mask, agg="token_mean", tis_cap=TIS, token_mask_cap=TOK,
-                                       seq_mask_cap=SEQ)
+    loss, met = L.policy_gradient_loss(lp, samp, adv, mask, L.LossConfig(agg="token_mean", tis_cap=TIS,
+                                                                         token_mask_cap=TOK, seq_mask_cap=SEQ))
     assert abs(float(loss) - (-(5.25 - 1.5 * 3.15) / 16)) < 1e-6
     assert float(met["stale/masked_token_fraction"]) == 9 / 16       # 5 + 3 dropped rows, 1 masked token
     assert float(met["stale/tis_clipped_fraction"]) == 3 / 16        # 2.5, 4.0, 2.2
@@ -511,7 +527,7 @@ def test_tis_weight_is_detached():
     keeps its zero gradient while the others are weighted by w."""
     lp, samp, adv, mask = _stale_inputs()
     w = np.minimum(STALE_RATIOS, TIS)
-    g_tis = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, tis_cap=TIS)[0])(lp)
+    g_tis = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, L.LossConfig(tis_cap=TIS))[0])(lp)
     g_plain = jax.grad(lambda x: L.policy_gradient_loss(x, jax.lax.stop_gradient(x), adv, mask)[0])(lp)
     assert np.abs(np.asarray(g_plain)).max() > 0
     np.testing.assert_allclose(np.asarray(g_tis), w * np.asarray(g_plain), rtol=1e-6, atol=1e-7)
@@ -521,7 +537,8 @@ def test_tis_weight_is_detached():
     assert np.all(np.asarray(jax.grad(lambda x: L.tis_weight(x, TIS)[0].sum())(lp - samp)) == 0)
     a = STALE_ADV[:, None]
     binds = ((a > 0) & (STALE_RATIOS > 1.2)) | ((a < 0) & (STALE_RATIOS < 0.8))
-    g_clip = jax.grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, tis_cap=TIS, clip_eps=0.2)[0])(lp)
+    g_clip = jax.grad(
+        lambda x: L.policy_gradient_loss(x, samp, adv, mask, L.LossConfig(tis_cap=TIS, clip_eps=0.2))[0])(lp)
     np.testing.assert_allclose(np.asarray(g_clip), np.where(binds, 0.0, w * np.asarray(g_plain)), rtol=1e-6, atol=1e-7)
 
 
@@ -530,14 +547,16 @@ def test_stale_masks_leave_the_kl_term_alone_and_stay_finite():
     kl_* metrics are unchanged. A masked token whose ratio overflows exp gives a finite gradient."""
     lp, samp, adv, mask = _stale_inputs()
     ref = lp - 0.3
-    kl = dict(ref_logprobs=ref, kl_coef=0.5, kl_mode="loss")
+    kl = dict(kl_coef=0.5, kl_mode="loss")
     caps = dict(token_mask_cap=TOK, seq_mask_cap=SEQ)
 
-    def vg(**kw):
-        return jax.value_and_grad(lambda x: L.policy_gradient_loss(x, samp, adv, mask, **kw), has_aux=True)(lp)
+    def vg(ref=None, **kw):
+        return jax.value_and_grad(
+            lambda x: L.policy_gradient_loss(x, samp, adv, mask, L.LossConfig(**kw), ref_logprobs=ref),
+            has_aux=True)(lp)
 
-    (_, m_on), g_on = vg(**kl, **caps)
-    (_, m_off), g_off = vg(**kl)
+    (_, m_on), g_on = vg(ref, **kl, **caps)
+    (_, m_off), g_off = vg(ref, **kl)
     (_, _), g_pg_on = vg(**caps)
     (_, _), g_pg_off = vg()
     for k in ("kl_loss", "kl_k1", "kl_k2", "kl_k3"):
@@ -545,7 +564,7 @@ def test_stale_masks_leave_the_kl_term_alone_and_stay_finite():
     assert float(m_on["pg_loss"]) != float(m_off["pg_loss"])
     np.testing.assert_allclose(np.asarray(g_on - g_off), np.asarray(g_pg_on - g_pg_off), atol=1e-7)
     huge = samp.at[2, 0].set(-200.0)                                  # r = e^~198 at a masked token
-    g = jax.grad(lambda x: L.policy_gradient_loss(x, huge, adv, mask, token_mask_cap=TOK)[0])(lp)
+    g = jax.grad(lambda x: L.policy_gradient_loss(x, huge, adv, mask, L.LossConfig(token_mask_cap=TOK))[0])(lp)
     assert np.all(np.isfinite(np.asarray(g))) and float(g[2, 0]) == 0.0
 
 
@@ -557,11 +576,12 @@ def test_stale_caps_off_or_not_binding_are_bit_identical(agg, clip, mode):
     the corrections add nothing but their masks and weights)."""
     lp, samp, adv, mask = _stale_inputs()
     samp = lp - 0.1 * jnp.tanh(samp)                 # ratios in (0.9, 1.1): no cap binds
-    base = dict(agg=agg, clip_eps=clip, kl_mode=mode, ref_logprobs=lp - 0.2, kl_coef=0.3)
+    base = dict(agg=agg, clip_eps=clip, kl_mode=mode, kl_coef=0.3)
 
     def run(**kw):
         (loss, met), g = jax.value_and_grad(
-            lambda x: L.policy_gradient_loss(x, samp, adv, mask, **base, **kw), has_aux=True)(lp)
+            lambda x: L.policy_gradient_loss(x, samp, adv, mask, L.LossConfig(**base, **kw), ref_logprobs=lp - 0.2),
+            has_aux=True)(lp)
         return np.asarray(loss), {k: np.asarray(v) for k, v in met.items()}, np.asarray(g)
 
     ref_loss, ref_met, ref_g = run()
@@ -575,8 +595,9 @@ def test_stale_caps_off_or_not_binding_are_bit_identical(agg, clip, mode):
             np.testing.assert_array_equal(met[k], ref_met[k], err_msg=k)
     assert ref_met["stale/masked_token_fraction"] == 0 and ref_met["stale/tis_clipped_fraction"] == 0
     cfg = load_config_file("configs/rl_tiny.py").rl
-    kw = L.loss_kwargs_from_config(cfg)
-    assert {k: kw[k] for k in L.STALE_CAPS} == dict(tis_cap=0.0, token_mask_cap=0.0, seq_mask_cap=0.0)
+    lc = L.loss_config(cfg)
+    assert {k: getattr(lc, k) for k in L.STALE_CAPS} == dict(tis_cap=0.0, token_mask_cap=0.0, seq_mask_cap=0.0)
+    assert L.LossConfig(tis_cap=None, seq_mask_cap=None) == L.LossConfig()      # None = 0 = off
 
 
 def test_stale_cap_validation():
@@ -588,7 +609,7 @@ def test_stale_cap_validation():
     for name in L.STALE_CAPS:
         for bad in (0.5, 1.0, -2.0):
             with pytest.raises(ValueError, match=name):
-                L.policy_gradient_loss(lp, samp, adv, mask, **{name: bad})
+                L.LossConfig(**{name: bad})
     c = load_config_file("configs/rl_tiny.py")
     steps = int(c.exp.steps)
     validate_rl(c, steps)                                      # defaults (0) pass

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from horizon.rl.runtime import async_loop, core as runtime, storage
+from horizon.rl.runtime import async_setup, core as runtime, orchestrator, processes, storage
 from horizon.train.checkpoint import restore_params
 from horizon.utils.config import load_config_file
 
@@ -41,8 +41,8 @@ def _assert_same_groups(a: storage.GroupRecord, b: storage.GroupRecord) -> None:
 
 def _run_both(tmp_path, steps):
     c = _cfg(steps)
-    async_loop.run_child(c, async_loop.sync_main, c, str(tmp_path / "sync"))
-    res = async_loop.Orchestrator(c, tmp_path / "async", num_steps=steps).run()
+    processes.run_child(c, processes.sync_main, c, str(tmp_path / "sync"))
+    res = orchestrator.Orchestrator(c, tmp_path / "async", num_steps=steps).run()
     return c, res
 
 
@@ -61,7 +61,7 @@ def _check(c, tmp_path, steps):
     for x, y in zip(jax.tree.leaves(ps), jax.tree.leaves(pa), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # the runs learned something: the params moved from the init
-    p0 = async_loop.initial_params(c)
+    p0 = async_setup.initial_params(c)
     assert any(np.abs(np.asarray(x) - np.asarray(y)).max() > 0 for x, y in zip(jax.tree.leaves(p0),
                                                                              jax.tree.leaves(ps)))
 
@@ -95,6 +95,6 @@ def test_sync_loop_equals_async_runtime_with_two_workers_for_8_steps(tmp_path):
     steps = 8
     c = _cfg(steps)
     c.async_.num_rollout_workers = 2
-    async_loop.run_child(c, async_loop.sync_main, c, str(tmp_path / "sync"))
-    async_loop.Orchestrator(c, tmp_path / "async", num_steps=steps).run()
+    processes.run_child(c, processes.sync_main, c, str(tmp_path / "sync"))
+    orchestrator.Orchestrator(c, tmp_path / "async", num_steps=steps).run()
     _check(c, tmp_path, steps)

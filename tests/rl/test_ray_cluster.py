@@ -17,7 +17,7 @@ import pathlib
 
 import pytest
 
-from horizon.rl.runtime import async_loop
+from horizon.rl.runtime import orchestrator
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_losing_a_rollout_node_mid_run_loses_no_step_and_no_group(tmp_path):
 
     run = tmp_path / "run"
     try:
-        orch = async_loop.Orchestrator(_cfg(cluster.address), run, num_steps=STEPS,
+        orch = orchestrator.Orchestrator(_cfg(cluster.address), run, num_steps=STEPS,
                                        fault_hook=remove_node_of_worker_0)
         placed = {}
         start_workers = orch.pool.start_rollout_workers
@@ -101,6 +101,6 @@ def test_losing_a_rollout_node_mid_run_loses_no_step_and_no_group(tmp_path):
     regenerated = [e["slot"] for i, e in enumerate(events)
                    if e.get("kind") == "generating" and i > done_at.get(e["slot"], len(events))]
     assert not regenerated, f"slots generated again after their group was written: {regenerated}"
-    steps_log = {r["step"]: r for r in async_loop.read_trainer_log(run) if r["event"] == "step"}
+    steps_log = {r["step"]: r for r in orchestrator.read_trainer_log(run) if r["event"] == "step"}
     assert sorted(steps_log) == list(range(1, STEPS + 1))
     assert all(len(r["slots"]) == N for r in steps_log.values())

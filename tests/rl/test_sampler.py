@@ -1,5 +1,6 @@
 """Sampler vs the training forward (SPEC §1: the latent-cache decode must match training)."""
 
+import dataclasses
 import functools
 import pathlib
 
@@ -11,6 +12,7 @@ import pytest
 
 from horizon.model import layers, transformer
 from horizon.inference import sampler
+from horizon.inference.sampler import SamplerConfig
 from horizon.utils.config import load_config_file
 from horizon.model.params import numpy_init
 
@@ -46,7 +48,7 @@ def _forward(setup, prompt, gen):
 def greedy(setup):
     mcfg, params, prompts, _ = setup
     return sampler.generate(params, prompts, jax.random.key(1), cfg=mcfg, max_new_tokens=8,
-                            temperature=0.0, stop_tokens=())
+                            sampling=SamplerConfig(temperature=0.0, stop_tokens=()))
 
 
 def test_greedy_equals_forward_argmax(setup, greedy):
@@ -65,7 +67,7 @@ def test_greedy_equals_forward_argmax(setup, greedy):
 def test_logprobs_match_forward_log_softmax(setup):
     mcfg, params, prompts, _ = setup
     out = sampler.generate(params, prompts, jax.random.key(2), cfg=mcfg, max_new_tokens=8,
-                           temperature=1.0, top_p=1.0, stop_tokens=())
+                           sampling=SamplerConfig(temperature=1.0, top_p=1.0, stop_tokens=()))
     for p, g, lp in zip(prompts, out.tokens, out.logprobs):
         logits, _ = _forward(setup, p, g)
         ref = jax.nn.log_softmax(jnp.asarray(logits[len(p) - 1: len(p) - 1 + len(g)]), axis=-1)
@@ -77,9 +79,10 @@ def test_logprobs_match_forward_log_softmax(setup):
 
 def test_temperature_sampling_is_random_but_deterministic(setup):
     mcfg, params, prompts, _ = setup
-    a = sampler.generate(params, prompts, jax.random.key(3), cfg=mcfg, max_new_tokens=8, stop_tokens=())
-    b = sampler.generate(params, prompts, jax.random.key(3), cfg=mcfg, max_new_tokens=8, stop_tokens=())
-    c = sampler.generate(params, prompts, jax.random.key(4), cfg=mcfg, max_new_tokens=8, stop_tokens=())
+    no_stop = SamplerConfig(stop_tokens=())
+    a = sampler.generate(params, prompts, jax.random.key(3), cfg=mcfg, max_new_tokens=8, sampling=no_stop)
+    b = sampler.generate(params, prompts, jax.random.key(3), cfg=mcfg, max_new_tokens=8, sampling=no_stop)
+    c = sampler.generate(params, prompts, jax.random.key(4), cfg=mcfg, max_new_tokens=8, sampling=no_stop)
     for x, y in zip(a.tokens, b.tokens):
         np.testing.assert_array_equal(x, y)
     assert any((x != y).any() for x, y in zip(a.tokens, c.tokens))
@@ -89,10 +92,11 @@ def test_a_sequence_samples_the_same_whatever_its_batch_mates_and_chunking(setup
     """Per-sequence keys (issue 24): row 0's sampled tokens (temperature 1) are the same with other
     batch-mates, alone (a smaller batch bucket), and for another decode chunking."""
     mcfg, params, prompts, _ = setup
-    gen = functools.partial(sampler.generate, params, key=jax.random.key(7), cfg=mcfg, max_new_tokens=12,
-                            temperature=1.0, stop_tokens=())
+    sc = SamplerConfig(temperature=1.0, stop_tokens=())
+    gen = functools.partial(sampler.generate, params, key=jax.random.key(7), cfg=mcfg, max_new_tokens=12, sampling=sc)
     ref = gen(prompts)
-    for other in (gen([prompts[0], prompts[2], prompts[1]]), gen(prompts[:1]), gen(prompts, sync_tokens=5)):
+    for other in (gen([prompts[0], prompts[2], prompts[1]]), gen(prompts[:1]),
+                  gen(prompts, sampling=dataclasses.replace(sc, sync_tokens=5))):
         np.testing.assert_array_equal(other.tokens[0], ref.tokens[0])
         np.testing.assert_allclose(other.logprobs[0], ref.logprobs[0], rtol=1e-5, atol=1e-6)
     assert not np.array_equal(ref.tokens[0][:len(ref.tokens[1])], ref.tokens[1][:len(ref.tokens[0])])
@@ -152,14 +156,15 @@ def test_prefix_sum_and_greedy_tokens_equal_cumsum_and_argmax():
 def test_tiny_top_p_picks_argmax(setup, greedy):
     mcfg, params, prompts, _ = setup
     out = sampler.generate(params, prompts, jax.random.key(5), cfg=mcfg, max_new_tokens=8,
-                           temperature=1.0, top_p=1e-6, stop_tokens=())
+                           sampling=SamplerConfig(temperature=1.0, top_p=1e-6, stop_tokens=()))
     for x, y in zip(out.tokens, greedy.tokens):
         np.testing.assert_array_equal(x, y)
 
 
 def test_router_indices_match_forward(setup):
     mcfg, params, prompts, _ = setup
-    out = sampler.generate(params, prompts, jax.random.key(6), cfg=mcfg, max_new_tokens=8, stop_tokens=())
+    out = sampler.generate(params, prompts, jax.random.key(6), cfg=mcfg, max_new_tokens=8,
+                           sampling=SamplerConfig(stop_tokens=()))
     L_moe = transformer.layer_counts(mcfg)[1]
     for p, g, ri, pri in zip(prompts, out.tokens, out.router_indices, out.prompt_router_indices):
         _, ref = _forward(setup, p, g)  # [L_moe, n+m, k]
@@ -174,7 +179,7 @@ def test_stop_token_ends_sequence(setup, greedy):
     stop = int(g0[3])
     first = int(np.argmax(g0 == stop))
     out = sampler.generate(params, prompts, jax.random.key(1), cfg=mcfg, max_new_tokens=8,
-                           temperature=0.0, stop_tokens=(stop,))
+                           sampling=SamplerConfig(temperature=0.0, stop_tokens=(stop,)))
     np.testing.assert_array_equal(out.tokens[0], g0[: first + 1])
     assert out.stopped[0] and len(out.logprobs[0]) == first + 1
     assert out.router_indices[0].shape[1] == first + 1
@@ -191,7 +196,8 @@ def test_bad_inputs_raise(setup):
     with pytest.raises(ValueError, match="max_new_tokens"):
         sampler.generate(params, prompts, jax.random.key(0), cfg=mcfg, max_new_tokens=0)
     with pytest.raises(ValueError, match="top_p"):
-        sampler.generate(params, prompts, jax.random.key(0), cfg=mcfg, max_new_tokens=4, top_p=0.0)
+        sampler.generate(params, prompts, jax.random.key(0), cfg=mcfg, max_new_tokens=4,
+                         sampling=SamplerConfig(top_p=0.0))
     with pytest.raises(ValueError, match="max_seq_len"):
         sampler.generate(params, prompts, jax.random.key(0), cfg=mcfg, max_new_tokens=mcfg.max_seq_len)
     with pytest.raises(ValueError, match="at least one token"):

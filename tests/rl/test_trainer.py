@@ -47,8 +47,8 @@ def env():
 
     # one prompt group of 2 chains: chain 0 has two segments (a summary), chain 1 one
     groups = [[Trajectory("a", [seg(), seg()], "", {}, "final"), Trajectory("a", [seg()], "", {}, "final")]]
-    b = rlbatch.build_batch(groups, np.array([[1.0, 0.0]]), num_moe_layers=L, experts_per_tok=k, pad_id=PAD,
-                            min_rows=4, min_seq=32)
+    b = rlbatch.build_batch(groups, np.array([[1.0, 0.0]]), rlbatch.BatchConfig(
+        num_moe_layers=L, experts_per_tok=k, pad_id=PAD, min_rows=4, min_seq=32))
     # jit everything the tests call (eager scans over the model are slow on the shared CPUs)
     fwd = jax.jit(functools.partial(transformer.forward, cfg=cfg.model))
     fill = jax.jit(functools.partial(trainer.fill_replay, cfg=cfg))
@@ -204,8 +204,8 @@ def _chains_batch(env, n_groups=2, G=3):
     groups = [[Trajectory(f"t{g}", [seg() for _ in range(1 + (j + g) % 2)], "", {},
                           "token_budget" if g == j == 0 else "final") for j in range(G)] for g in range(n_groups)]
     rewards = rng.uniform(0.0, 1.0, (n_groups, G)).astype(np.float32)
-    return rlbatch.build_batch(groups, rewards, num_moe_layers=L, experts_per_tok=k, min_rows=16, min_seq=32,
-                               pad_id=PAD)
+    return rlbatch.build_batch(groups, rewards, rlbatch.BatchConfig(
+        num_moe_layers=L, experts_per_tok=k, pad_id=PAD, min_rows=16, min_seq=32))
 
 
 @pytest.mark.parametrize("over,whole_step", [

@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
+from horizon.model.params import numpy_init
 from horizon.rl.runtime import weight_sync as ws
-from horizon.rl.runtime.async_loop import numpy_init
 from horizon.utils.config import load_config_file
 from horizon.utils.files import UrlDir
 
@@ -196,8 +196,8 @@ def test_group_store_concurrent_writers_one_wins(tmp_path):
 
 def test_storage_url_protocol_is_checked():
     """`async_.storage_url` (configs/rl_async.py): "" = the run dir; a URL's protocol must import here."""
+    from horizon.rl.runtime.async_setup import data_root
     from horizon.rl.runtime.checks import validate_async, validate_storage_url
-    from horizon.rl.runtime.async_loop import data_root
     from horizon.utils.config import ConfigError
 
     validate_storage_url("")

@@ -1,4 +1,4 @@
-"""Sandbox test fixtures: a `sandbox` parametrized over both backends (SPEC §5).
+"""Sandbox test fixtures: a `sandbox` parametrized over both backends (docs/SPEC.md §5).
 
 Docker cases are marked `docker` and skip loudly only when no engine answers; they build
 the base image with envs/build_base_image.sh (idempotent) if it is missing.
@@ -20,7 +20,7 @@ MAX_OUTPUT = 1000                # small cap so truncation is cheap to trigger
 DEFAULT_TIMEOUT = 30.0
 
 NO_DOCKER = ("\n\n*** DOCKER ENGINE NOT AVAILABLE: Docker sandbox tests SKIPPED. The isolation "
-             "guarantees of SPEC §5 are NOT being tested. ***\n")
+             "guarantees of docs/SPEC.md §5 are NOT being tested. ***\n")
 
 
 @pytest.fixture(scope="session")

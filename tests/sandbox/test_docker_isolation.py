@@ -1,4 +1,4 @@
-"""Docker-only guarantees of SPEC §5: no network egress, non-root, resource limits, cleanup."""
+"""Docker-only guarantees of docs/SPEC.md §5: no network egress, non-root, resource limits, cleanup."""
 
 import ipaddress
 import os

@@ -1,5 +1,6 @@
-"""Issue 21, sandbox side: whose failure an error is, file ops as the sandbox user, `prepare()`
-hygiene between pooled episodes, the disk budget watchdog, leaked snapshot cleanup.
+"""docs/SPEC.md §4.1 "infrastructure is not the policy", sandbox side: whose failure an error is, file
+ops as the sandbox user, `prepare()` hygiene between pooled episodes, the disk budget watchdog, leaked
+snapshot cleanup.
 
 Docker cases share one sandbox per module where the case leaves it usable (`box`); cases that
 break a sandbox on purpose (kill, OOM limits, disk budget) make their own.

@@ -1,4 +1,4 @@
-"""Behaviour of the Sandbox protocol, identical for both backends (SPEC §5)."""
+"""Behaviour of the Sandbox protocol, identical for both backends (docs/SPEC.md §5)."""
 
 import time
 

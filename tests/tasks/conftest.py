@@ -1,4 +1,4 @@
-"""Fixtures for the task-set tests (SPEC §5, §7).
+"""Fixtures for the task-set tests (docs/SPEC.md §5, §7).
 
 `run_solution(task, sandbox)` plays a task's scripted tool calls through the real tool
 registry (`horizon.tools`), or through a minimal str_replace/create/insert applier when

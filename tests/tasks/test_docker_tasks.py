@@ -1,4 +1,4 @@
-"""Tasks in real containers from the built task images (SPEC §5). Marked `docker`.
+"""Tasks in real containers from the built task images (docs/SPEC.md §5). Marked `docker`.
 
 Builds the images of a few tasks with envs/build_task_images.py (skipped when current),
 then checks: the task image is used, the initial state fails, the solution passes; the

@@ -1,4 +1,4 @@
-"""The real-repository generator in containers (SPEC §5, §7; issue 26 items 2-4). Marked `docker`.
+"""The real-repository generator in containers (docs/SPEC.md §5, §7). Marked `docker`.
 
 Two repositories of the manifest (parse, inflection: the fastest suites) are fetched (pip on the
 host, sha256-checked; the sdists are reused from envs/.build/repos/sdists when there), built into
@@ -12,6 +12,7 @@ back through `swebench.load_swebench` and graded by `swebench.grade`: gold patch
 current). The full build over every repository is slow-marked (docs/PERF.md, "Real-repository task generator").
 """
 
+import dataclasses
 import json
 import shutil
 import time
@@ -19,7 +20,7 @@ import uuid
 
 import pytest
 
-from horizon.taskgen import generate, mutate, repos
+from horizon.taskgen import coverage, generate, mutate, repos, validation
 from horizon.tasks import open_task_sandbox, swebench, verify
 
 pytestmark = pytest.mark.docker
@@ -38,15 +39,15 @@ def generated(docker_ready, tmp_path_factory):
     shared = repos.BUILD_ROOT / "sdists"
     if shared.is_dir():
         shutil.copytree(shared, root / "sdists")
-    labels = {"horizon.test_run": RUN_ID}
+    options = dataclasses.replace(OPTIONS, root=root, extra_labels={"horizon.test_run": RUN_ID},
+                                  image_repo=TEST_IMAGE_REPO)
     splits, reports, t0 = {"train": [], "heldout": []}, [], time.monotonic()
     for spec in repos.select(repos.load_manifest(), NAMES):
         _, image_labels = repos.build_repo_image(spec, root=root)
         base = repos.screen_suite(spec, image_labels, root=root)
         split = "heldout" if spec.name in HELDOUT else "train"
-        kw = dict(options=OPTIONS, root=root, extra_labels=labels, image_repo=TEST_IMAGE_REPO, split=split)
-        got, rep = generate.generate_repo(spec, base, **kw)
-        again, rep2 = generate.generate_repo(spec, base, **kw)
+        got, rep = generate.generate_repo(spec, base, options, split=split)
+        again, rep2 = generate.generate_repo(spec, base, options, split=split)
         assert [i.instance_id for i in again] == [i.instance_id for i in got]
         assert rep2["cached"] == rep2["candidates"] == rep["candidates"] and rep2["images_built"] == 0, rep2
         splits[split] += got
@@ -133,11 +134,11 @@ def test_timeout_then_next_candidate(generated, monkeypatch):
     hang = mutate.Mutation("remove_statement", path, line, 4, "with_pattern", "loop", src, looping,
                            mutate.unified_diff(src, looping, path), mutate.unified_diff(looping, src, path))
     feat = next(m for m in mutate.feature_deletions(src, "parse/__init__.py") if m.function == "with_pattern")
-    monkeypatch.setattr(generate, "MIN_TIMEOUT_S", 5.0)
-    cov = generate.coverage_map(spec, base, root=root)
-    jobs = [(hang, generate.tests_for(cov, base, hang)), (feat, generate.tests_for(cov, base, feat))]
+    monkeypatch.setattr(validation, "MIN_TIMEOUT_S", 5.0)
+    cov = coverage.coverage_map(spec, base, root=root)
+    jobs = [(hang, coverage.tests_for(cov, base, hang)), (feat, coverage.tests_for(cov, base, feat))]
     assert all(t for _, t in jobs)
-    v1, v2 = generate.validate_many(spec, dict(base, suite_s=0.5), jobs, workers=1)
+    v1, v2 = validation.validate_many(spec, dict(base, suite_s=0.5), jobs, workers=1)
     assert v1.status == "timeout" and v2.status == "kept", (v1, v2)
 
 
@@ -178,7 +179,7 @@ def test_rl_family_swebench(generated):
 
 @pytest.mark.slow
 def test_full_build(docker_ready, tmp_path):
-    """The issue's set from a cold cache: >= 300 instances from >= 8 repositories in < 60 min,
+    """The full set from a cold cache: >= 300 instances from >= 8 repositories in < 60 min,
     then an incremental second run (the command documented in docs/PERF.md)."""
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""Imported tasks in real containers (SPEC §5, §7). Marked `docker`.
+"""Imported tasks in real containers (docs/SPEC.md §5, §7). Marked `docker`.
 
 A SWE-bench-format instance over a small git repository written here (from the repository's
 files and from a prepared image) and a Harbor directory written here are imported, run and

@@ -1,4 +1,4 @@
-"""The key-recall family of the self-summarization experiment (horizon.tasks.key_recall, SPEC §6).
+"""The key-recall family of the self-summarization experiment (horizon.tasks.key_recall, docs/SPEC.md §6).
 
 The scripted demonstrator reads only its context, so these tests pin the mechanism the
 experiment measures: the key survives a self-summary or a prompt compaction and is lost under

@@ -1,4 +1,4 @@
-"""The harder family, key_relay (horizon.tasks.key_recall with n_keys > 1, SPEC §6; issue 25): keys
+"""The harder family, key_relay (horizon.tasks.key_recall with n_keys > 1, docs/SPEC.md §6): keys
 arrive at different times, an episode needs >= 2 summaries before the answer, and a later summary
 must carry forward what an earlier one held. `sandbox` is the shared fixture (LocalSandbox, and
 DockerSandbox on the base image, docker-marked: the episode end to end in a real container)."""

@@ -1,4 +1,4 @@
-"""Task loading and validation errors (SPEC §5)."""
+"""Task loading and validation errors (docs/SPEC.md §5)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Synthetic long-horizon recall tasks: determinism, sizing against a trigger, verification (SPEC §5, §6)."""
+"""Synthetic long-horizon recall tasks: determinism, sizing against a trigger, verification (docs/SPEC.md §5, §6)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The synthetic config-edit task family used by the RL demo (horizon.tasks.synthetic, SPEC §4, §7)."""
+"""The synthetic config-edit task family used by the RL demo (horizon.tasks.synthetic, docs/SPEC.md §4, §7)."""
 
 import pytest
 

@@ -2,7 +2,7 @@
 
 For every task (LocalSandbox backend, for speed): the initial files must FAIL verification
 (reward < 1, and 0 for binary/answer tasks) and the files after replaying solution.json
-through the tools must PASS (reward 1). SPEC §5, §7.
+through the tools must PASS (reward 1). docs/SPEC.md §5, §7.
 """
 
 import collections

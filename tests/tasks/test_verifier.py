@@ -1,4 +1,4 @@
-"""Verifier: pytest summary parsing, reward modes, answer matching, never raising (SPEC §5)."""
+"""Verifier: pytest summary parsing, reward modes, answer matching, never raising (docs/SPEC.md §5)."""
 
 import pytest
 

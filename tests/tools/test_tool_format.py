@@ -1,4 +1,4 @@
-"""Call format: the parser never raises, render/parse roundtrip, clear errors (SPEC §5)."""
+"""Call format: the parser never raises, render/parse roundtrip, clear errors (docs/SPEC.md §5)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Each built-in tool against the real LocalSandbox and (docker-marked) DockerSandbox (SPEC §5)."""
+"""Each built-in tool against the real LocalSandbox and (docker-marked) DockerSandbox (docs/SPEC.md §5)."""
 
 import pytest
 

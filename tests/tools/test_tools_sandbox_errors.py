@@ -1,4 +1,5 @@
-"""Built-in tools against the sandbox's file permissions and failure kinds (issue 21).
+"""Built-in tools against the sandbox's file permissions and failure kinds (docs/SPEC.md §4.1
+"infrastructure is not the policy").
 
 Permission problems are the policy's doing: an error observation that says "Permission denied".
 Infrastructure (`SandboxInfraError`) and budget (`SandboxResourceError`) failures are never

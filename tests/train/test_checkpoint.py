@@ -1,4 +1,4 @@
-"""Orbax checkpoint wrapper (SPEC §8): bitwise round trip of the full TrainState, retention."""
+"""Orbax checkpoint wrapper (docs/SPEC.md §8): bitwise round trip of the full TrainState, retention."""
 
 import jax
 import jax.numpy as jnp

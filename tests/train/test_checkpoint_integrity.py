@@ -1,4 +1,4 @@
-"""Checkpoint integrity (issue "infrastructure failures never kill a run", part 4): every saved step
+"""Checkpoint integrity (docs/SPEC.md §4.1 "Fault tolerance"): every saved step
 carries a sha256 manifest; a corrupt latest step is reported and the previous intact one restored
 (`Checkpointer.restore_latest`, `restore_params`, `rl.runtime.core.resume_rl_state`); a named corrupt
 step or an all-corrupt directory is a one-line `CheckpointCorruptError`."""
@@ -16,7 +16,7 @@ from horizon.train import checkpoint, lm
 from horizon.train.checkpoint import MANIFEST_NAME, CheckpointCorruptError, Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-CORRUPT_BYTES = 16          # the issue's repro: 16 overwritten bytes inside an orbax data file
+CORRUPT_BYTES = 16          # the reproducer: 16 overwritten bytes inside an orbax data file
 LOGGER = "horizon.train.checkpoint"
 
 

@@ -1,4 +1,4 @@
-"""LM train step (SPEC §8): learns a repeated batch, deterministic, router bias moved only by the
+"""LM train step (docs/SPEC.md §8): learns a repeated batch, deterministic, router bias moved only by the
 aux-loss-free rule, MTP joins with a frozen trunk."""
 
 import jax

@@ -1,4 +1,4 @@
-"""Optimizer masks and schedule (SPEC §8): router_bias never touched by Adam; no decay on norms."""
+"""Optimizer masks and schedule (docs/SPEC.md §8): router_bias never touched by Adam; no decay on norms."""
 
 import jax
 import jax.numpy as jnp

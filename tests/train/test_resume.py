@@ -1,4 +1,4 @@
-"""Exact resume of experiments/pretrain.py (SPEC §8): SIGKILL a real run after a checkpoint is
+"""Exact resume of experiments/pretrain.py (docs/SPEC.md §8): SIGKILL a real run after a checkpoint is
 committed, restart it, and require the redone steps to match the killed run's own logs bitwise."""
 
 import json

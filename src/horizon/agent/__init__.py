@@ -1,4 +1,4 @@
-"""horizon.agent: the rollout state machine, prompts, context strategies and scripted policies (SPEC §5, §6)."""
+"""horizon.agent: the rollout state machine, prompts, context strategies and scripted policies (docs/SPEC.md §5, §6)."""
 
 from horizon.agent.prompt import Message, Rendered, render, split_turns, system_prompt
 from horizon.agent.rollout import (STATS_KEYS, Episode, Generation, Segment, Trajectory, episode_step_limit, rollout,

@@ -1,4 +1,4 @@
-"""Prompt layout and the message -> token renderer (SPEC §5).
+"""Prompt layout and the message -> token renderer (docs/SPEC.md §5).
 
 The layout is the tokenizer's chat format (`horizon.data.tokenizer`): a context is
 `tok.context_start()` followed by messages, each `tok.turn_open(role) text tok.turn_close(role)`
@@ -61,9 +61,9 @@ def carry_over(messages: list[Message]) -> list[Message]:
     every generated turn kept from the old context becomes `carried` — same tokens, so the new
     context renders exactly as the policy sees it, but out of the loss mask. Each generated token
     is trained once, in the context it was sampled from: its recorded logprobs, versions and routing
-    belong to that context (SPEC §4.1 ratios and router replay, §6 segments), and a carried note
+    belong to that context (docs/SPEC.md §4.1 ratios and router replay, §6 segments), and a carried note
     (observation masking's `<think>key #Q`) sits after its masked source, where it cannot be
-    predicted (docs/PERF.md, issue 25)."""
+    predicted (docs/PERF.md, the self-summarization study "each token trained once")."""
     return [dataclasses.replace(m, carried=True) if m.trained else m for m in messages]
 
 

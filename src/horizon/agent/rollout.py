@@ -1,4 +1,4 @@
-"""The agent loop as a resumable state machine (SPEC §5, §6).
+"""The agent loop as a resumable state machine (docs/SPEC.md §5, §6).
 
 `Episode` holds one rollout: `context_tokens()` is what to generate from, `step(gen)`
 parses the generated turn, executes the tool call in the sandbox, appends the
@@ -15,7 +15,7 @@ End reasons: "final", "max_turns", "token_budget" (generated tokens over the cha
 limit leaves no room to generate), "max_steps" (driver limit) — the policy's outcomes — and
 "resource" (the policy's commands exceeded a sandbox budget, e.g. disk: also the policy's) and
 "infra" (the sandbox or engine failed: `SandboxInfraError`; `Trajectory.failure` says how). An
-"infra" episode is never trained on or scored (SPEC §4 "infrastructure is not the policy"):
+"infra" episode is never trained on or scored (docs/SPEC.md §4 "infrastructure is not the policy"):
 `horizon.env.rollouts` retries its group on a fresh sandbox.
 """
 
@@ -135,7 +135,7 @@ class Episode:
         validate_agent_config(cfg)
         self.task, self.sandbox, self.registry, self.tok, self.cfg = task, sandbox, registry, tokenizer, cfg
         self.strategy = make_strategy(cfg)
-        self.fmt = tool_format(str(cfg.get("tool_format", "horizon")))   # the turn parser (SPEC §5)
+        self.fmt = tool_format(str(cfg.get("tool_format", "horizon")))   # the turn parser (docs/SPEC.md §5)
         self.tool_state = ToolState()
         self.ctx = ToolContext(sandbox, self.tool_state, timeout_s=float(cfg.tool_timeout_s),
                                max_timeout_s=float(cfg.max_tool_timeout_s),
@@ -244,7 +244,7 @@ class Episode:
             self.after_tools()
 
     def _post_turn(self) -> None:
-        """End conditions, then the compaction check (SPEC §6 step 1)."""
+        """End conditions, then the compaction check (docs/SPEC.md §6 step 1)."""
         if self.generated_tokens >= int(self.cfg.max_total_tokens):
             return self._finish("token_budget")
         if self.phase == "act" and self.stats["turns"] >= int(self.cfg.max_turns):
@@ -291,7 +291,7 @@ class Episode:
 
     def _after_summary(self, text: str, m: int) -> None:
         self.stats["thinking_tokens"] += m      # summary turns count as thinking (see module doc)
-        self.stats["summary_tokens"] += m       # ... and, separately, as summary tokens (SPEC §6 cost)
+        self.stats["summary_tokens"] += m       # ... and, separately, as summary tokens (docs/SPEC.md §6 cost)
         parsed = self.fmt.parse_summary(text)
         summary = None if isinstance(parsed, ParseError) else parsed[1]
         if summary is None:

@@ -1,4 +1,4 @@
-"""Non-learned policies that drive the real agent loop (harness checks, SFT demos; SPEC §5, §6).
+"""Non-learned policies that drive the real agent loop (harness checks, SFT demos; docs/SPEC.md §5, §6).
 
 They obey the batched policy interface `policy(contexts, max_new_tokens) -> [Generation]`
 and read only the context they are given, like a model would:

@@ -1,4 +1,4 @@
-"""Context strategies: self-summarization and its baselines (SPEC §6).
+"""Context strategies: self-summarization and its baselines (docs/SPEC.md §6).
 
 Every strategy has the same interface: `should_compact(n_context_tokens)`, an optional
 model `query()` (a user message asking for a summary), and `compact(state, summary)`
@@ -88,7 +88,7 @@ STATE_TEMPLATE = ("Conversation state:\n- summaries so far: {summaries}\n- turns
 
 
 def state_block(state: ContextState, summaries_after: int, template: str = STATE_TEMPLATE) -> str:
-    """The conversation-state message after a compaction (SPEC §6 step 4); `template` fields:
+    """The conversation-state message after a compaction (docs/SPEC.md §6 step 4); `template` fields:
     {summaries}, {turns}, {max_turns}, {todos}."""
     todos = "\n".join(f"  - {t}" for t in state.remaining_todos) or "  (none recorded)"
     return template.format(summaries=summaries_after, turns=state.turns, max_turns=state.max_turns, todos=todos)
@@ -197,7 +197,7 @@ class ObservationMasking(ContextStrategy):
     (a strong, cheap baseline that often matches LLM summarization), itself SWE-agent's elision of
     old observations (Yang et al. 2024, "Old environment output: (n lines omitted)"). The paper
     masks on every turn, keeping a rolling window of M observations; here masking runs at the
-    trigger like every other strategy (SPEC §6 step 1), so the context — and an engine's KV cache —
+    trigger like every other strategy (docs/SPEC.md §6 step 1), so the context — and an engine's KV cache —
     is rewritten only when it must be. An already masked output is kept as is (same object): a
     trigger that finds nothing new to mask changes nothing, and the episode runs into the hard
     context limit instead, the honest cost of the baseline."""
@@ -300,7 +300,8 @@ def with_context_note(system_text: str, cfg) -> str:
     """`system_text` plus the one line `cfg.context_notes` gives the running `cfg.context_strategy`
     (none: unchanged). It tells the policy its context regime from the first token: a policy SFT'd
     on several strategies' chains otherwise cannot tell, before anything was masked or summarized,
-    whether to keep a note (issue 25: a masking policy wrote its first note with p 0.12, docs/PERF.md)."""
+    whether to keep a note (a masking policy seldom wrote its first one: docs/PERF.md, the
+    self-summarization study "the copy forms on the fair mix")."""
     note = str((cfg.get("context_notes") or {}).get(str(cfg.context_strategy), "") or "")
     return f"{system_text} {note}".strip() if note else system_text
 

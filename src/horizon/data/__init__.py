@@ -1,4 +1,4 @@
-"""horizon.data: tokenizers (the one `Tokenizer` interface), grain pipeline, sequence packing (SPEC §8)."""
+"""horizon.data: tokenizers (the one `Tokenizer` interface), grain pipeline, sequence packing (docs/SPEC.md §8)."""
 
 from horizon.data.packing import PackedRows, chunk, pack_sequences, target_mask, unpack
 from horizon.data.pipeline import dataset, eval_batches, make_batches, make_tokenizer

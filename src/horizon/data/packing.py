@@ -1,4 +1,4 @@
-"""Greedy sequence packing into fixed-length rows (SPEC §8; reused for RL batches, SPEC §4).
+"""Greedy sequence packing into fixed-length rows (docs/SPEC.md §8; reused for RL batches, docs/SPEC.md §4).
 
 A packed row holds several sequences back to back. `segment_ids` number the sequences
 in a row 1..n (0 = padding) so attention can be made block-diagonal and the loss can

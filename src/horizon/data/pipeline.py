@@ -1,4 +1,4 @@
-"""Grain pretraining pipeline: files -> tokens -> packed rows -> batches (SPEC §8).
+"""Grain pretraining pipeline: files -> tokens -> packed rows -> batches (docs/SPEC.md §8).
 
 Each document is `BOS + tokens + EOS`, split into pieces of at most `seq_len`, and the
 pieces (in a seeded document order) are greedy-packed into rows (`packing.pack_sequences`).
@@ -66,7 +66,7 @@ def packed_rows(cfg: ml_collections.ConfigDict, split: str) -> dict[str, np.ndar
 
 
 def dataset(cfg: ml_collections.ConfigDict, split: str) -> grain.MapDataset:
-    """Infinite grain MapDataset of batches: `ds[k]` is batch k (SPEC §8)."""
+    """Infinite grain MapDataset of batches: `ds[k]` is batch k (docs/SPEC.md §8)."""
     d = cfg.data
     if d.batch_size <= 0 or d.seq_len <= 1:
         raise ValueError(f"need batch_size > 0 and seq_len > 1, got {d.batch_size}, {d.seq_len}")

@@ -1,4 +1,4 @@
-"""Local text/code corpora and the deterministic train / held-out split (SPEC §8).
+"""Local text/code corpora and the deterministic train / held-out split (docs/SPEC.md §8).
 
 Files are found under `cfg.data.sources` (directories relative to `cfg.data.root`, the
 repo root when empty) by extension. A file's split is a pure function of its relative

@@ -1,4 +1,4 @@
-"""Tokenizers: the one interface every module uses for ids, specials and the chat format (SPEC §5, §8).
+"""Tokenizers: the one interface every module uses for ids, specials and the chat format (docs/SPEC.md §5, §8).
 
 No module outside this one names a token id: the sampler's pad and stop ids, the agent prompt's
 role markers, the batch builder's pad, SFT demos and scripted policies all come from a `Tokenizer`:
@@ -279,7 +279,7 @@ def template_pieces(template: str, tok: BPETokenizer, names: dict[str, str]
 
 def add_chat_specials(path_in: str | os.PathLike, path_out: str | os.PathLike) -> list[str]:
     """Write `path_in`'s tokenizer with any of `CHAT_SPECIALS` it lacks added (as special tokens, ids
-    after its vocabulary: a model using it needs those embedding rows, `hf_import.resize_vocab`).
+    after its vocabulary: a model using it needs those embedding rows, `horizon.model.hf.pretrained_params`).
     Returns the added tokens."""
     from tokenizers import AddedToken, Tokenizer as _HFTok  # noqa: PLC0415
 

@@ -1,4 +1,4 @@
-"""SFT demonstrations of the task families, rendered in the exact agent format (SPEC §4, §6).
+"""SFT demonstrations of the task families, rendered in the exact agent format (docs/SPEC.md §4, §6).
 
 `config_edit_demos`: the canonical one-call solution per task (a fraction with the
 demonstrator's wrong value). `key_recall_demos`: chains of `KeyRecallDemoPolicy` rolled out
@@ -66,7 +66,7 @@ def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrup
         list(map_fn(family.reset, sandboxes[:len(chunk)], chunk))
         eps = [make_episode(family, t, sb, tok, agent_cfg) for t, sb in zip(chunk, sandboxes)]
         for t, tr in zip(chunk, run_episodes(policy, eps, num_tool_workers=n)):   # reads run in n threads
-            if tr.infra:        # a sandbox failure cut the chain short: not a demonstration (issue 21)
+            if tr.infra:        # a sandbox failure cut the chain short: not a demonstration (docs/SPEC.md §4.1)
                 print(f"[demos] {tr.task_id}: sandbox failed ({tr.failure[:120]}); chain dropped", flush=True)
                 continue
             segs = [(s.tokens, s.loss_mask) for s in tr.segments if s.loss_mask.any()]
@@ -112,7 +112,7 @@ class KeyRecallDemoPolicy:
     masking keeps). With probability `corrupt_prob` a memory writes one wrong key (a decoy seen in
     the context if any, else another letter); the final answer copies the keys the context holds,
     in order, so a lossy memory costs the chain its reward: the signal RL through summaries learns
-    from (SPEC §6: the final reward applies to every token of the chain). Deterministic: the draw
+    from (docs/SPEC.md §6: the final reward applies to every token of the chain). Deterministic: the draw
     is a hash of (seed, context)."""
 
     tok: object

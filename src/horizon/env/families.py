@@ -1,8 +1,8 @@
-"""Procedural task families as RL environments: the environment layer above the agent (SPEC §4, §5, §6).
+"""Procedural task families as RL environments: the environment layer above the agent (docs/SPEC.md §4, §5, §6).
 
 A `Family` bundles what a driver needs to run RL on a generated task family: tasks by
 seed with disjoint train/held-out ranges, the env's system prompt and tool registry
-(SPEC §5 per-environment tool sets), how to reset a pooled sandbox, how to verify, and
+(docs/SPEC.md §5 per-environment tool sets), how to reset a pooled sandbox, how to verify, and
 demonstrations for the SFT warm start. Two families exist:
 
 - ``config_edit`` (`horizon.tasks.synthetic`): one `set(value, name)` call; demos are the

@@ -1,4 +1,4 @@
-"""Reward shaping: nonlinear length penalty and pluggable behaviour rewards (SPEC §4).
+"""Reward shaping: nonlinear length penalty and pluggable behaviour rewards (docs/SPEC.md §4).
 
 Length penalty. The effort ``x`` of a rollout is a weighted sum of its stats
 (``cfg.weights``): thinking tokens, tool-call tokens, tool-output tokens, final-message
@@ -55,7 +55,7 @@ def validate_curve_params(k: float, q: float) -> None:
 
 
 def penalty_curve(x: Float[Array, "*shape"], k: float, q: float) -> Float[Array, "*shape"]:
-    """f(x; k, q) from the module docstring (SPEC §4); x is clamped at 0."""
+    """f(x; k, q) from the module docstring (docs/SPEC.md §4); x is clamped at 0."""
     validate_curve_params(k, q)
     x = jnp.asarray(x, jnp.float32)
     x = jnp.where(x < 0, 0.0, x)  # clamp; keeps the right derivative (1) at x = 0
@@ -78,7 +78,7 @@ def _check_weights(cfg) -> None:
 
 
 def effort(stats: Mapping[str, float | Array], cfg) -> Float[Array, "*batch"]:
-    """Weighted effort x (SPEC §4); works on scalars or on arrays of per-rollout stats."""
+    """Weighted effort x (docs/SPEC.md §4); works on scalars or on arrays of per-rollout stats."""
     _check_weights(cfg)
     missing = [s for s in EFFORT_WEIGHTS if s not in stats]
     if missing:
@@ -104,7 +104,7 @@ def length_penalty(stats: Mapping[str, float], cfg) -> float:
 
 # ----------------------------------------------------------------------------- behaviour hooks
 def unfinished_todos_penalty(stats: Mapping[str, float]) -> float:
-    """-(todos created but not completed): the report's product penalty (SPEC §4)."""
+    """-(todos created but not completed): the report's product penalty (docs/SPEC.md §4)."""
     created, done = stats["todos_created"], stats["todos_completed"]
     if created < 0 or done < 0:
         raise ValueError(f"negative todo counts: created={created}, completed={done}")
@@ -112,7 +112,7 @@ def unfinished_todos_penalty(stats: Mapping[str, float]) -> float:
 
 
 def malformed_calls_penalty(stats: Mapping[str, float]) -> float:
-    """-(number of malformed tool calls): a penalty for bad tool calls (SPEC §4)."""
+    """-(number of malformed tool calls): a penalty for bad tool calls (docs/SPEC.md §4)."""
     n = stats["malformed_calls"]
     if n < 0:
         raise ValueError(f"negative malformed_calls: {n}")
@@ -133,7 +133,7 @@ def register_behaviour_hook(name: str, fn: Callable[[Mapping[str, float]], float
 
 
 def total_reward(task_reward: float, stats: Mapping[str, float], cfg) -> tuple[float, dict[str, float]]:
-    """Task reward − length penalty + Σ weight·behaviour hooks (SPEC §4).
+    """Task reward − length penalty + Σ weight·behaviour hooks (docs/SPEC.md §4).
 
     ``cfg`` is the ``c.rl`` ConfigDict (uses ``cfg.length_penalty`` and ``cfg.behaviour``).
     Returns ``(reward, breakdown)``; the breakdown has ``task``, ``length_penalty`` (>= 0,

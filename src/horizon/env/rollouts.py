@@ -1,4 +1,4 @@
-"""Episodes of a task family in pooled sandboxes: the environment side of a rollout (SPEC §4, §5, §7).
+"""Episodes of a task family in pooled sandboxes: the environment side of a rollout (docs/SPEC.md §4, §5, §7).
 
 - `SandboxPool`: sandboxes created once (in threads), made ready per episode (`Sandbox.prepare`:
   leftover processes killed, health checked; then the family's one-exec reset) and replaced when
@@ -10,7 +10,7 @@
 - `ExperimentEnv.rollouts` reruns a group with any infra episode on fresh sandboxes (whole group:
   its advantages compare rollouts of one policy state), at most `rl.infra.group_retries` times;
   a group still failing comes back marked (`group_failed`) for `horizon.rl.runtime.core` to
-  replace with a fresh prompt's group (issue 21: infrastructure is never the policy's reward);
+  replace with a fresh prompt's group (docs/SPEC.md §4.1 "infrastructure is not the policy");
 - `ExperimentEnv`: an experiment config's family and a pool, made on first use and closed by
   its owner (the sync loop and each async rollout worker hold one); the eval harness borrows its
   pool (`horizon.eval.harness.pooled_setup`: one evaluator).

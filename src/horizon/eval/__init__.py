@@ -1,4 +1,4 @@
-"""horizon.eval: eval harness (mean accuracy, best-of-K, efficiency), behaviour evals, reports (SPEC §7).
+"""horizon.eval: eval harness (mean accuracy, best-of-K, efficiency), behaviour evals, reports (docs/SPEC.md §7).
 
     from horizon.eval import EvalSetup, run_eval, summarize, pass_at_k
     records = run_eval(policy, tasks, EvalSetup(agent_cfg, tok, registry_fn, num_passes=4))

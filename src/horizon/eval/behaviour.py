@@ -1,4 +1,4 @@
-"""Cheap behaviour evals over harness records (SPEC §7 "behaviour evals where cheap").
+"""Cheap behaviour evals over harness records (docs/SPEC.md §7 "behaviour evals where cheap").
 
 - Tool-format instruction following: malformed-call rate = malformed turns / all turns (the
   agent's `malformed_calls` and `turns` stats), and the fraction of episodes with any.
@@ -6,7 +6,7 @@
   workspace anyway? Detected from the sandbox's final state: files modified, deleted or created
   relative to `task.files` (`horizon.tasks.changed_files`, caches and ANSWER.txt ignored).
 - Todo completion: todos completed / todos created, and the fraction of episodes that left
-  created todos unfinished (the product penalty of SPEC §4).
+  created todos unfinished (the product penalty of docs/SPEC.md §4).
 """
 
 from __future__ import annotations

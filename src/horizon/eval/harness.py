@@ -1,4 +1,4 @@
-"""Eval harness: N passes of a policy over a task set in sandboxes (SPEC §7).
+"""Eval harness: N passes of a policy over a task set in sandboxes (docs/SPEC.md §7).
 
 For every (task, pass) an `Episode` runs in its own fresh sandbox; up to `max_parallel` episodes
 are driven together by `horizon.agent.run_episodes` (independently through the rollout engine's
@@ -103,7 +103,8 @@ class EvalSetup:
     `check_edits`: the verifier's eager-edit check and the `eager_edit` behaviour flag;
     `infra_retries`: times an episode whose sandbox failed (end reason "infra" or a verifier
     `infra_error`) is run again on a fresh sandbox before the eval stops with an error — an
-    infrastructure failure is never scored as the policy's (issue 21)."""
+    infrastructure failure is never scored as the policy's (docs/SPEC.md §4.1 "infrastructure is not
+    the policy")."""
 
     agent_cfg: Any
     tokenizer: Any

@@ -1,4 +1,4 @@
-"""Writing eval/sweep results: JSONL records, Markdown tables and metric plots (SPEC §7).
+"""Writing eval/sweep results: JSONL records, Markdown tables and metric plots (docs/SPEC.md §7).
 
 Every experiment writes `metrics.jsonl` (one JSON object per line); `plot_jsonl` re-plots any
 numeric keys of such a file against a chosen x key (experiments/plot.py is its CLI).

@@ -1,4 +1,4 @@
-"""The eval driver's config (configs/eval_tiny.py, SPEC §7): its task list, tool registry, system
+"""The eval driver's config (configs/eval_tiny.py, docs/SPEC.md §7): its task list, tool registry, system
 prompt and checkpoints, and `validate_eval_config`, which checks all of them (paths included)
 before experiments/eval.py creates its output dir or opens a sandbox."""
 
@@ -8,6 +8,7 @@ import pathlib
 
 from horizon.data.tokenizer import validate_tokenizer
 from horizon.agent import validate_agent_config
+from horizon.inference.config import validate_engine
 from horizon.model import transformer
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
 from horizon.tasks.synthetic import make_synthetic_tasks

@@ -1,4 +1,4 @@
-"""Sweeps: run an experiment script once per config override and tabulate the runs (SPEC §7).
+"""Sweeps: run an experiment script once per config override and tabulate the runs (docs/SPEC.md §7).
 
 The machinery behind experiments/sweep.py (its docstring describes sweep files and outputs).
 Paths in a sweep file (SCRIPT, CONFIG) are relative to `root`, the repository the sweep runs in.

@@ -1,14 +1,17 @@
-"""RL rollout (SPEC §4, §4.1): how the policy samples.
+"""How the policy samples (SPEC §1, §4, §4.1). Design: docs/INFERENCE.md.
 
-- `engine.py`: the rollout engine (continuous batching over decode slots of the MLA latent cache,
-  an episode's cache kept across turns, a group's prompt prefilled once, on-device multi-token
-  decode with stops, per-request keys and sampling parameters, in-flight weight swaps) and
-  `EnginePolicy`, its adapter to the agent (``policy(contexts, max_new)`` and ``policy.stream()``,
-  with which `horizon.agent.run_episodes` advances episodes independently).
-  `policy.rollout_policy` is every caller's policy factory (RL loop, async workers, held-out eval,
-  eval harness): the engine, on one device or sharded over the run's multi-device mesh.
-- `sampler.py`: the one fixed-batch `generate` (latent-cache decoding in device chunks, per-sequence
-  keys, a `poll` hook for in-flight weight swaps, the mesh's sharded placement; benchmarks and tests
-  call it directly), `ParamsHolder`, and the pieces the engine shares with it: `sampler.decode_one`
-  (the one decode step), `sample_from_logits`, `sequence_keys` / `token_keys`.
+- `policy.py`: `Generation`, the `Policy` interface, `EnginePolicy` (``policy(contexts, max_new)``
+  and ``policy.stream()``, through which `horizon.agent.run_episodes` advances episodes
+  independently) and `rollout_policy`, every caller's policy factory.
+- `engine.py`: the rollout engine `Engine` (continuous batching over latent-cache slots), its
+  `Request` / `Completion` types and `generate_requests`.
+- `slots.py`: the engine's host-side slot bookkeeping: queue policy, LRU eviction to the park
+  store, longest-common-prefix reuse.
+- `device.py`: the engine's jitted device functions (chunked prefill, draws, row copies and
+  swaps, the multi-step decode loop).
+- `replicas.py`: `EngineReplicas` (one engine per local device) and `make_engine`.
+- `config.py`: `EngineConfig`, read from and validated against `rl.sampler`.
+- `sampler.py`: the one fixed-batch `generate` (`SamplerConfig`), `ParamsHolder`, and what the
+  engine shares with it: `decode_one` (the one decode step), `sample_from_logits`,
+  `sequence_keys` / `token_keys`.
 """

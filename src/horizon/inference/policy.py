@@ -2,7 +2,7 @@
 
 A policy maps contexts to `Generation`s: ``policy(contexts, max_new)`` (batched) and, for engines,
 ``policy.stream()``, through which `horizon.agent.run_episodes` advances episodes independently.
-`rollout_policy` is every caller's factory (docs/ARCHITECTURE.md, "inference").
+`rollout_policy` is every caller's factory (docs/INFERENCE.md, "Who uses it").
 """
 
 from __future__ import annotations
@@ -11,22 +11,25 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 from jaxtyping import Float, Int
 
 from horizon.inference import sampler
-from horizon.inference.engine import Completion, EngineConfig, Request, generate_requests, make_engine
+from horizon.inference.config import EngineConfig
+from horizon.inference.engine import Completion, Request, generate_requests
+from horizon.inference.replicas import make_engine
 
 
 @dataclasses.dataclass
 class Generation:
     """One generated turn from the policy. Generation stops at END_TURN/EOS (included)."""
 
-    tokens: Int[np.ndarray, "m"]
-    logprobs: Float[np.ndarray, "m"]
+    tokens: Int[np.ndarray, " m"]
+    logprobs: Float[np.ndarray, " m"]
     router_indices: Any = None          # int32[L_moe, m, k] or None
     policy_version: Any = 0             # int, or int32[m] per token (in-flight weight updates)
 
@@ -46,7 +49,7 @@ class EngineStream:
     a finished episode's cache. Turn t of episode e draws with key ``fold_in(fold_in(stream key, e), t)``,
     so an episode's samples do not depend on the timing of the others."""
 
-    def __init__(self, policy: "EnginePolicy", key: jax.Array):
+    def __init__(self, policy: EnginePolicy, key: jax.Array):
         self.policy, self.key = policy, key
         self.session = policy._new_session()
         self.turns: dict[int, int] = collections.Counter()
@@ -83,28 +86,30 @@ class EnginePolicy:
     `params_ref` is a `sampler.ParamsHolder` or a ``poll() -> (params, version)`` function; the
     engine polls it at every host round-trip (<= `chunk_tokens` decode steps), so a swap takes
     effect mid-generation (per-token versions, `kv_mode`). `cfg` is the full config (model +
-    `rl.sampler`); `overrides` replace sampler keyword arguments (temperature, top_p, stop_tokens)
-    or `EngineConfig` fields. ``policy(contexts, max_new)`` consumes a fresh split of `key` per call
-    and gives row i the key ``fold_in(split, i)``, as `generate` does (`sampler.sequence_keys`), hence the
-    same samples; ``policy.stream()`` (a fresh split) is the independent-episode interface. `state`
-    counts switches, generated tokens, prefill tokens computed / reused and seconds in engine calls
-    (`gen_s`: tool calls that overlap decoding are not in it).
+    `rl.sampler`); `overrides` replace `EngineConfig` fields or `sampler.SamplerConfig` fields (of
+    which the engine takes temperature, top_p, stop_tokens). ``policy(contexts, max_new)`` consumes
+    a fresh split of `key` per call and gives row i the key ``fold_in(split, i)``, as `generate` does
+    (`sampler.sequence_keys`), hence the same samples; ``policy.stream()`` (a fresh split) is the
+    independent-episode interface. `state` counts switches, generated tokens, prefill tokens
+    computed / reused and seconds in engine calls (`gen_s`: tool calls that overlap decoding are not
+    in it).
     """
 
     def __init__(self, params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
                  engine: EngineConfig | None = None, **overrides):
-        skw = sampler.sampler_kwargs_from_config(cfg) if "rl" in cfg and "sampler" in cfg.rl else {}
         ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
         eng = {k: overrides.pop(k) for k in list(overrides) if k in ec_fields}
-        skw.update(overrides)
-        self.temperature = float(skw.get("temperature", 1.0))
-        self.top_p = float(skw.get("top_p", 1.0))
+        if "rl" in cfg and "sampler" in cfg.rl:
+            sc = sampler.sampler_config(cfg, **overrides)
+        else:
+            sc = sampler.SamplerConfig(**overrides)
+        self.temperature, self.top_p = float(sc.temperature), float(sc.top_p)
         if chunk_tokens:
             eng["sync_tokens"] = int(chunk_tokens)
         if kv_mode is not None:
             eng["kv_mode"] = kv_mode
         poll = params_ref.get if isinstance(params_ref, sampler.ParamsHolder) else params_ref
-        self.engine = make_engine(cfg, poll=poll, engine=engine, stop_tokens=skw.get("stop_tokens"), **eng)
+        self.engine = make_engine(cfg, poll=poll, engine=engine, stop_tokens=sc.stop_tokens, **eng)
         self.params_ref = params_ref
         self._lock = threading.Lock()
         self._sessions = 0
@@ -155,7 +160,7 @@ def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv
     """The agent policy every caller samples with (SPEC §4, §4.1, §7): an `EnginePolicy` for the RL
     loops' group rollouts (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval
     (`rl.runtime.loop.evaluate`) and the eval harness (`eval.harness.policy_from_params`), on one
-    device or sharded over the config's mesh (module docstring). `params_ref` is a
+    device or sharded over the config's mesh (docs/INFERENCE.md, "Mesh"). `params_ref` is a
     `sampler.ParamsHolder` or ``poll() -> (params, version)``, polled at every engine round-trip
     (<= `chunk_tokens` decode steps); an episode's samples depend on its own key only; the policy
     counts ``state["switches"]``, ``state["tokens"]`` and ``state["gen_s"]`` (seconds in engine calls).

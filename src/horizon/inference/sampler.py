@@ -1,61 +1,11 @@
-"""Batched autoregressive sampling with the MLA latent KV cache (SPEC §1, §4).
+"""Batched autoregressive sampling with the MLA latent KV cache (SPEC §1, §4, §4.1).
 
-`generate` decodes one fixed batch of prompts. Agents and every RL / eval caller sample through the
-rollout engine instead (`horizon.inference.policy.rollout_policy`), which runs this module's decode
-step (`decode_one`) and sampling (`sample_from_logits`, `token_keys`), so a request samples what
-`generate` samples for it alone with the same key; `generate` stays the reference and the fixed-batch
-path of benchmarks and tests.
-
-Layout. Prompts are **left-aligned**: row i holds its prompt at positions/cache slots
-``0..n_i-1`` followed by padding, so every sequence sees exactly the positions it will have
-in the training forward (`transformer.forward` numbers each row 0..s-1). The padded prompt
-block is prefilled in one `transformer.decode` call; pad tokens write junk into slots
-``>= n_i``, which is harmless: row i's j-th generated token is written to slot ``n_i + j``
-before any query can see that slot (a query at position p sees slots ``<= p``).
-
-Steps. After prefill, each step feeds every row its last sampled token at position
-``n_i + j`` (one jitted `decode` of one token per row). Feeding the token both samples the
-next one and yields the token's MoE routing, so ``router_indices[:, j]`` are the experts
-that processed generated token j *as an input* — exactly what the training forward over
-the same row replays (router replay, SPEC §1/§4.1). A row stops after it samples a stop
-token (END_TURN / EOS by default; the stop token is kept and trained on) or reaches
-``max_new_tokens``; its final token is still fed once so its routing is recorded.
-
-Log-probs. ``logprobs[j] = log_softmax(logits)[token_j]`` of the **untempered** model at
-temperature 1 and without the top-p truncation, i.e. the same quantity the trainer computes
-(`horizon.rl.algo.trainer.token_logprobs`), so the importance ratio ``exp(logp_train -
-logp_sampler)`` compares like with like and is 1 up to numerics when weights and routing
-match. The tokens themselves are drawn from the tempered, nucleus-truncated distribution;
-that distribution shift is not corrected (as in the report's setup and most RL stacks);
-run with ``temperature=1, top_p=1`` for exactly on-policy samples.
-
-Shapes are bucketed (powers of two, with config minimums) for batch, prompt length and
-generation length so the prefill and step functions compile once per bucket.
-
-Mesh (SPEC §2). With a full config whose ``mesh`` asks for several devices (`mesh.run_mesh`),
-`generate` runs sharded: params are placed by the one rules table, the padded prompt block, lengths
-and latent KV cache ``[L, b, slots, r]`` are split over the batch axes
-(`horizon.parallel.sharded.sampling_placer`; the batch bucket is at least the data-parallel rank
-count), and the jitted prefill / decode step are partitioned by GSPMD from those input shardings.
-Decode runs the plain attention / MoE paths (`sharded.sampling_config`): one token per row has no
-sequence to split over ``context``.
-
-In-flight weight updates (SPEC §4.1, PipelineRL). With `poll() -> (params, version)` instead
-of fixed params, `generate` checks for newer weights every `chunk_tokens` decode steps and
-switches to them *mid-generation*. Every generated token is tagged with the version whose
-weights produced the logits it was sampled from (`versions[i]`), and its recorded logprob is
-that version's, so the trainer's importance ratio compares against the policy that actually
-sampled each token. Two KV-cache policies at a switch (`kv_mode`):
-
-* ``"keep"`` (default, PipelineRL): keep the KV cache computed by the old weights and continue
-  with the new ones. Cheapest; the new tokens' logits see old-weight keys/values of the prefix.
-  The token already sampled when the switch happens keeps the old version.
-* ``"recompute"``: drop the pending token, re-prefill prompt + generated tokens with the new
-  weights (one prefill of the whole row) and sample the next token from that: tokens after the
-  switch are exactly the new policy's samples; one prefill per switch. Router indices of the
-  re-prefilled generated tokens are replaced by the new prefill's routing.
-
-Without a switch the two are the same computation, with the same keys, as fixed params.
+`generate` decodes one fixed batch of prompts: the reference every sampler is tested against and
+the fixed-batch path of benchmarks and tests. Agents and every RL / eval caller sample through the
+rollout engine instead (`policy.rollout_policy`), which runs this module's decode step
+(`decode_one`) and draws (`sample_from_logits`, `token_keys`), so a request samples what
+`generate` samples for it alone with the same key. Layout, logprob and routing conventions,
+buckets, the mesh and in-flight weight swaps: docs/INFERENCE.md ("Fixed-batch sampling").
 """
 
 from __future__ import annotations
@@ -63,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -110,7 +60,7 @@ def sequence_keys(key: jax.Array, rows: int) -> jax.Array:
 def token_keys(seq_keys: jax.Array, index) -> jax.Array:
     """The keys that draw each row's generated token number `index` (scalar or per row):
     ``fold_in(sequence key, index)``. A sequence's samples thus depend on its key and its own
-    tokens only, not on its batch-mates, the batch size or the decode chunking (issue 24)."""
+    tokens only, not on its batch-mates, the batch size or the decode chunking."""
     idx = jnp.broadcast_to(jnp.asarray(index, jnp.int32), (seq_keys.shape[0],))
     if not _unrolled_threefry(seq_keys):
         return jax.vmap(jax.random.fold_in)(seq_keys, idx)
@@ -143,11 +93,9 @@ _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 def threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Array]:
     """The Threefry-2x32 block cipher (20 rounds; Salmon et al. 2011, what `jax.random`'s default key
-    hashes with) on uint32 arrays, as straight-line elementwise ops. XLA:CPU lowers `jax.random`'s
-    threefry to a 5-iteration loop (kept rolled to save compile time): a loop of small kernels per
-    `fold_in` or `uniform`, ~80 of a tiny model's ~640 us decode step (2 cores, 2026-12-05, docs/PERF.md
-    "Decode step"); unrolled, XLA fuses the whole cipher into one kernel. Bit-identical to JAX's
-    (tests/rl/test_sampler.py)."""
+    hashes with) on uint32 arrays, as straight-line elementwise ops that XLA fuses into one kernel
+    (XLA:CPU runs `jax.random`'s as a rolled loop of small kernels: docs/INFERENCE.md, "Draws").
+    Bit-identical to JAX's (tests/rl/test_sampler.py)."""
     u = jnp.uint32
     ks = (k1, k2, k1 ^ k2 ^ u(0x1BD11BDA))
     x1, x2 = x1 + ks[0], x2 + ks[1]
@@ -162,15 +110,11 @@ def threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Arr
 def categorical(key: jax.Array, logits: Float[Array, " vocab"]) -> Int[Array, ""]:
     """One draw from softmax(`logits`) by inverse CDF: one uniform u, the first token whose cumulative
     mass reaches (1 - u) of the total (u in [0, 1), so the target is in (0, total] and a token of zero
-    mass, e.g. outside the nucleus, is never drawn). `jax.random.categorical` (Gumbel-max) draws one
-    random number per vocabulary entry instead: on 2 CPU cores, 32 rows, 153 vs 6 us per draw at a
-    256-token vocabulary and 13.6 vs 0.35 ms at 32k (docs/PERF.md "Decode step"), most of a small
-    model's decode step. Same distribution; different samples for a given key. `key` is one key (vmap
-    it over rows); u is `uniform01`'s, i.e. ``jax.random.uniform(key)`` bit for bit.
-
-    The search is two-level: the running mass of the `layers.PREFIX_BLOCK`-token blocks picks the block, and
-    only that block's prefix sum picks the token (a full-vocabulary `layers.prefix_sum` was ~30 of a tiny
-    model's ~600 us decode step; docs/PERF.md "Decode step", second session of 2026-12-05)."""
+    mass, e.g. outside the nucleus, is never drawn), where `jax.random.categorical` (Gumbel-max) draws
+    one random number per vocabulary entry. Same distribution; different samples for a given key.
+    `key` is one key (vmap it over rows); u is `uniform01`'s, i.e. ``jax.random.uniform(key)`` bit for
+    bit. Two-level search: the running mass of the `layers.PREFIX_BLOCK`-token blocks picks the block,
+    only that block's prefix sum picks the token (why: docs/INFERENCE.md, "Draws")."""
     u = uniform01(key)
     e = jnp.exp(logits - jnp.max(logits))
     V, B = e.shape[-1], layers.PREFIX_BLOCK
@@ -187,8 +131,8 @@ def categorical(key: jax.Array, logits: Float[Array, " vocab"]) -> Int[Array, ""
 
 
 def greedy_tokens(logits: Float[Array, "b vocab"]) -> Int[Array, " b"]:
-    """`argmax` over the last axis (the first maximal index) as a max and a min-index reduction:
-    XLA:CPU's variadic argmax reduce took 26 us for 32 x 320, this 8 us."""
+    """`argmax` over the last axis (the first maximal index) as a max and a min-index reduction, which
+    XLA:CPU runs faster than its variadic argmax reduce (docs/INFERENCE.md, "Draws")."""
     V = logits.shape[-1]
     first = jnp.min(jnp.where(logits == jnp.max(logits, -1, keepdims=True), jnp.arange(V, dtype=jnp.int32), V), -1)
     return jnp.minimum(first, V - 1)          # an all-NaN row (no maximum) would give V
@@ -284,60 +228,102 @@ def frozen_model_cfg(cfg) -> ml_collections.FrozenConfigDict:
     return c if isinstance(c, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(c)
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """How `generate` samples (`sampler_config` reads it from a config's `rl.sampler` section).
+
+    `temperature` / `top_p` shape the drawing distribution (logprobs stay the untempered model's);
+    `stop_tokens` None = the model tokenizer's (end of turn, EOS); the `min_*_bucket`s are the
+    compile-shape minimums of the batch, prompt and generation lengths; `sync_tokens` decode steps
+    run per device chunk (one host sync each); with a `poll`, `chunk_tokens` steps run between weight
+    polls and `kv_mode` ("keep" | "recompute") says what a switch does to the cache.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_tokens: Sequence[int] | None = None
+    min_batch_bucket: int = 1
+    min_prompt_bucket: int = 16
+    min_new_bucket: int = 16
+    sync_tokens: int = 16
+    chunk_tokens: int = 0
+    kv_mode: str = "keep"
+
+
+def sampler_config(cfg, **overrides) -> SamplerConfig:
+    """`SamplerConfig` from a full config's `rl.sampler` section (configs/rl_tiny.py); `overrides`
+    replace fields."""
+    s = cfg.rl.sampler
+    sc = dict(temperature=float(s.temperature), top_p=float(s.top_p), min_batch_bucket=int(s.min_batch_bucket),
+              min_prompt_bucket=int(s.min_prompt_bucket), min_new_bucket=int(s.min_new_bucket),
+              sync_tokens=int(s.sync_tokens), chunk_tokens=int(s.chunk_tokens), kv_mode=str(s.kv_mode))
+    sc.update(overrides)
+    return SamplerConfig(**sc)
+
+
 def generate(
     params: dict | None,
-    prompts: Sequence[np.ndarray],
+    prompts: Sequence[Int[np.ndarray, " n"]],
     key: jax.Array,
     *,
     cfg,
     max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    stop_tokens: Sequence[int] | None = None,
-    min_batch_bucket: int = 1,
-    min_prompt_bucket: int = 16,
-    min_new_bucket: int = 16,
+    sampling: SamplerConfig = SamplerConfig(),
     version: int = 0,
     poll: Callable[[], tuple[dict, int]] | None = None,
-    chunk_tokens: int = 0,
-    kv_mode: str = "keep",
-    sync_tokens: int = 16,
 ) -> SampleOutput:
     """Sample continuations of `prompts` (1-D int token arrays) with the latent KV cache.
 
     `cfg` is the model config (or a full config with `.model`; its `mesh`, if any, shards the
-    call: module docstring). See the module docstring for the layout, logprob and routing
-    conventions. Deterministic in `key`; row i samples with its own keys (`sequence_keys`,
-    `token_keys`), so its tokens do not depend on its batch-mates. Tokens are tagged with `version`; or, with
-    `poll() -> (params, version)` (and `params=None`), weights come from `poll` and may switch
-    every `chunk_tokens` steps (in-flight updates, module docstring; `kv_mode` "keep" |
-    "recompute"). `stop_tokens` default to the model tokenizer's (`model.tokenizer`: end of turn,
-    EOS); prompts are padded with its pad id. Decode steps run on device in chunks (`decode_chunk`) of `sync_tokens` steps
-    (`chunk_tokens` with `poll`), one host sync each: a batch whose rows have all stopped may
-    compute up to a chunk of steps that are thrown away, the price of not syncing every token.
+    call); `sampling` says how (`SamplerConfig`). Deterministic in `key`; row i samples with its own
+    keys (`sequence_keys`, `token_keys`), so its tokens do not depend on its batch-mates. Tokens are
+    tagged with `version`; or, with `poll() -> (params, version)` (and `params=None`), weights come
+    from `poll` and may switch every `sampling.chunk_tokens` steps. Prompts are padded with the
+    tokenizer's pad id. Decode steps run on device in chunks (`decode_chunk`), one host sync each:
+    a batch whose rows have all stopped may compute up to a chunk of steps that are thrown away, the
+    price of not syncing every token. Conventions: docs/INFERENCE.md ("Fixed-batch sampling").
     """
     mesh = pmesh.run_mesh(cfg)
     tok_ = tokenizer_from_config(cfg)
-    stop_tokens = tok_.stop_ids if stop_tokens is None else tuple(stop_tokens)
-    place = None
+    stops = tok_.stop_ids if sampling.stop_tokens is None else tuple(sampling.stop_tokens)
+    min_batch = sampling.min_batch_bucket
     if mesh is not None:
         cfg = sharded.sampling_config(cfg)
-        place = sharded.sampling_placer(mesh)
-        min_batch_bucket = max(int(min_batch_bucket), pmesh.axis_size(mesh, pmesh.BATCH_AXES))
+        min_batch = max(int(min_batch), pmesh.axis_size(mesh, pmesh.BATCH_AXES))
     mcfg = frozen_model_cfg(cfg)
+    _check_call(params, poll, sampling)
+    if not prompts:
+        return SampleOutput([], [], [], [], [], [], 0)
+    prompts = _check_prompts(prompts, max_new_tokens, sampling.top_p, mcfg)
+    run = _Decode(prompts, key, max_new_tokens, cfg=cfg, mcfg=mcfg, mesh=mesh, sampling=sampling,
+                  min_batch=min_batch, pad_id=tok_.pad_id, stops=stops)
+    run.start(*((params, version) if poll is None else poll()))
+    K = int(sampling.chunk_tokens) if poll is not None else int(sampling.sync_tokens)
+    for j in range(0, max_new_tokens, K):
+        if poll is not None and j > 0:           # chunk boundaries are the poll points
+            run.switch(*poll(), kv_mode=sampling.kv_mode)
+        if run.decode(j, K):
+            break
+    return run.output()
+
+
+def _check_call(params: dict | None, poll, sampling: SamplerConfig) -> None:
+    """One-line errors for a weights source or sampling settings `generate` cannot run with."""
     if poll is not None:
         if params is not None:
             raise ValueError("pass either params or poll, not both")
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1 with poll, got {chunk_tokens}")
+        if sampling.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1 with poll, got {sampling.chunk_tokens}")
     elif params is None:
         raise ValueError("generate needs params (or a poll function)")
-    if sync_tokens < 1:
-        raise ValueError(f"sync_tokens must be >= 1, got {sync_tokens}")
-    if kv_mode not in KV_MODES:
-        raise ValueError(f"kv_mode must be one of {KV_MODES}, got {kv_mode!r}")
-    if not prompts:
-        return SampleOutput([], [], [], [], [], [], 0)
+    if sampling.sync_tokens < 1:
+        raise ValueError(f"sync_tokens must be >= 1, got {sampling.sync_tokens}")
+    if sampling.kv_mode not in KV_MODES:
+        raise ValueError(f"kv_mode must be one of {KV_MODES}, got {sampling.kv_mode!r}")
+
+
+def _check_prompts(prompts: Sequence[np.ndarray], max_new_tokens: int, top_p: float, mcfg) -> list[np.ndarray]:
+    """`prompts` as 1-D int32 arrays, checked against the model (lengths, vocabulary)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not 0.0 < top_p <= 1.0:
@@ -351,83 +337,126 @@ def generate(
                          f"max_seq_len={mcfg.max_seq_len}")
     if any(((p < 0) | (p >= mcfg.vocab_size)).any() for p in prompts):
         raise ValueError(f"prompt token ids must be in [0, {mcfg.vocab_size})")
+    return prompts
 
-    n = len(prompts)
-    B = bucket(n, min_batch_bucket)
-    P = bucket(lens.max(), min_prompt_bucket)
-    N = bucket(max_new_tokens, min_new_bucket)
-    toks = np.full((B, P), tok_.pad_id, np.int32)
-    for i, p in enumerate(prompts):
-        toks[i, : len(p)] = p
-    lens_b = np.ones((B,), np.int32)
-    lens_b[:n] = lens
 
-    if poll is not None:
-        params, version = poll()
-    if mesh is not None:
-        params = sharded.place_params(params, cfg, mesh)
-    cache = transformer.init_cache(mcfg, B, P + N)
-    toks_j, lens_j = jnp.asarray(toks), jnp.asarray(lens_b)
-    if place is not None:
-        cache, toks_j, lens_j = place(cache, toks_j, lens_j)
-    seq_keys = sequence_keys(key, B)       # row i's samples: its own key (no dependence on batch-mates)
-    temp, tp = jnp.float32(temperature), jnp.float32(top_p)
-    cache, tok, lp, prompt_ri = prefill(params, cache, toks_j, lens_j, token_keys(seq_keys, 0), temp, tp, cfg=mcfg)
-    tok_version = version                 # the version that sampled the pending token `tok`
-    stops = np.asarray(list(stop_tokens), np.int32)
-    L_moe = prompt_ri.shape[0]
-    k = prompt_ri.shape[-1]
-    out_tok = np.zeros((B, max_new_tokens), np.int32)
-    out_lp = np.zeros((B, max_new_tokens), np.float32)
-    out_ver = np.full((B, max_new_tokens), -1, np.int32)
-    out_ri = np.zeros((L_moe, B, max_new_tokens, k), np.int32)
-    m = np.zeros((B,), np.int32)          # generated so far
-    done = np.zeros((B,), bool)
-    done[n:] = True                       # padding rows
-    stopped = np.zeros((B,), bool)
-    switches = 0
-    K = int(chunk_tokens) if poll is not None else int(sync_tokens)
-    for j in range(0, max_new_tokens, K):
-        if poll is not None and j > 0:           # chunk boundaries are the poll points
-            new_params, new_version = poll()
-            if new_version != version:
-                params, version = new_params, new_version
-                if mesh is not None:
-                    params = sharded.place_params(params, cfg, mesh)
-                switches += 1
-                if kv_mode == "recompute":
-                    cache, tok, lp = _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, P + N, seq_keys,
-                                                temp, tp, mcfg, place, tok_.pad_id)
-                    tok_version = version
-        # feed tokens j .. j+K-1 (records their routing), sampling each next one
-        cache, tok, lp, fed, fed_lp, fed_ri = decode_chunk(params, cache, tok, lp, lens_j, jnp.int32(j), seq_keys,
-                                                           temp, tp, cfg=mcfg, steps=K)
+class _Decode:
+    """One `generate` call past its checks: the padded prompt block (row i: prompt i left-aligned,
+    then pad ids; padding rows of length 1), the device state (weights, cache, pending token and the
+    version that drew it) and the host buffers of what each row generated."""
+
+    def __init__(self, prompts: list[np.ndarray], key: jax.Array, max_new: int, *, cfg, mcfg, mesh,
+                 sampling: SamplerConfig, min_batch: int, pad_id: int, stops: Sequence[int]):
+        self.cfg, self.mcfg, self.mesh = cfg, mcfg, mesh
+        self.place = None if mesh is None else sharded.sampling_placer(mesh)
+        self.n, self.max_new, self.pad_id = len(prompts), max_new, pad_id
+        self.lens = np.array([len(p) for p in prompts], np.int32)
+        B = bucket(self.n, min_batch)
+        P = bucket(self.lens.max(), sampling.min_prompt_bucket)
+        self.total = P + bucket(max_new, sampling.min_new_bucket)     # cache positions
+        self.toks = np.full((B, P), pad_id, np.int32)
+        for i, p in enumerate(prompts):
+            self.toks[i, : len(p)] = p
+        self.lens_b = np.ones((B,), np.int32)
+        self.lens_b[: self.n] = self.lens
+        self.seq_keys = sequence_keys(key, B)       # row i's samples: its own key (no dependence on batch-mates)
+        self.temp, self.tp = jnp.float32(sampling.temperature), jnp.float32(sampling.top_p)
+        self.stops = np.asarray(list(stops), np.int32)
+        L_moe, k = transformer.layer_counts(mcfg)[1], int(mcfg.num_experts_per_tok)
+        self.out_tok = np.zeros((B, max_new), np.int32)
+        self.out_lp = np.zeros((B, max_new), np.float32)
+        self.out_ver = np.full((B, max_new), -1, np.int32)
+        self.out_ri = np.zeros((L_moe, B, max_new, k), np.int32)
+        self.m = np.zeros((B,), np.int32)          # generated so far
+        self.done = np.zeros((B,), bool)
+        self.done[self.n:] = True                  # padding rows
+        self.stopped = np.zeros((B,), bool)
+        self.switches = 0
+
+    def _placed(self, params: dict) -> dict:
+        """Weights in the mesh's layout (the one rules table), else as they are."""
+        return params if self.mesh is None else sharded.place_params(params, self.cfg, self.mesh)
+
+    def start(self, params: dict, version: int) -> None:
+        """Prefill the prompt block with `params`, drawing each row's first pending token."""
+        self.params, self.version = self._placed(params), version
+        cache = transformer.init_cache(self.mcfg, len(self.lens_b), self.total)
+        toks_j, lens_j = jnp.asarray(self.toks), jnp.asarray(self.lens_b)
+        if self.place is not None:
+            cache, toks_j, lens_j = self.place(cache, toks_j, lens_j)
+        self.lens_j = lens_j
+        self.cache, self.tok, self.lp, self.prompt_ri = prefill(
+            self.params, cache, toks_j, lens_j, token_keys(self.seq_keys, 0), self.temp, self.tp, cfg=self.mcfg)
+        self.tok_version = version                 # the version that sampled the pending token `tok`
+
+    def switch(self, params: dict, version: int, *, kv_mode: str) -> None:
+        """A poll's answer: newer weights replace the current ones (and with "recompute" every row
+        is prefilled again); the same version changes nothing."""
+        if version == self.version:
+            return
+        self.params, self.version = self._placed(params), version
+        self.switches += 1
+        if kv_mode == "recompute":
+            self._reprefill()
+            self.tok_version = version
+
+    def _reprefill(self) -> None:
+        """kv_mode="recompute": prefill prompt + generated tokens with the new weights, draw the pending
+        token (number m of each row) again with its own key, and overwrite the generated tokens'
+        routing with the new prefill's."""
+        (B, P), m, total = self.toks.shape, self.m, self.total
+        L_moe, k = self.out_ri.shape[0], self.out_ri.shape[-1]
+        full = np.full((B, total), self.pad_id, np.int32)
+        full[:, :P] = self.toks
+        for i in range(B):
+            full[i, self.lens_b[i]: self.lens_b[i] + m[i]] = self.out_tok[i, : m[i]]
+        cache = transformer.init_cache(self.mcfg, B, total)
+        toks_j, lens_j = jnp.asarray(full), jnp.asarray(self.lens_b + m)
+        if self.place is not None:
+            cache, toks_j, lens_j = self.place(cache, toks_j, lens_j)
+        self.cache, self.tok, self.lp, ri_full = prefill(
+            self.params, cache, toks_j, lens_j, token_keys(self.seq_keys, jnp.asarray(m)), self.temp, self.tp,
+            cfg=self.mcfg)
+        ri_full = np.asarray(ri_full).reshape(L_moe, B, total, k)
+        for i in range(self.n):
+            self.out_ri[:, i, : m[i]] = ri_full[:, i, self.lens_b[i]: self.lens_b[i] + m[i]]
+
+    def decode(self, j: int, K: int) -> bool:
+        """Feed generated tokens j .. j+K-1 (recording them and their routing), drawing each next one;
+        True once every row has stopped."""
+        self.cache, self.tok, self.lp, fed, fed_lp, fed_ri = decode_chunk(
+            self.params, self.cache, self.tok, self.lp, self.lens_j, jnp.int32(j), self.seq_keys, self.temp,
+            self.tp, cfg=self.mcfg, steps=K)
         fed, fed_lp, fed_ri = np.asarray(fed), np.asarray(fed_lp), np.asarray(fed_ri)
-        for i in range(min(K, max_new_tokens - j)):
+        done = self.done
+        for i in range(min(K, self.max_new - j)):
             live = ~done
-            out_tok[live, j + i] = fed[i, live]
-            out_lp[live, j + i] = fed_lp[i, live]
-            out_ver[live, j + i] = tok_version if i == 0 else version
-            out_ri[:, live, j + i] = fed_ri[i][:, live]
-            m[live] += 1
-            hit = live & np.isin(fed[i], stops)
-            stopped |= hit
+            self.out_tok[live, j + i] = fed[i, live]
+            self.out_lp[live, j + i] = fed_lp[i, live]
+            self.out_ver[live, j + i] = self.tok_version if i == 0 else self.version
+            self.out_ri[:, live, j + i] = fed_ri[i][:, live]
+            self.m[live] += 1
+            hit = live & np.isin(fed[i], self.stops)
+            self.stopped |= hit
             done |= hit
             if done.all():
                 break
-        tok_version = version
-        if done.all():
-            break
-    prompt_ri = np.asarray(prompt_ri).reshape(L_moe, B, P, k)
-    return SampleOutput(
-        tokens=[out_tok[i, : m[i]].copy() for i in range(n)],
-        logprobs=[out_lp[i, : m[i]].copy() for i in range(n)],
-        router_indices=[out_ri[:, i, : m[i]].copy() for i in range(n)],
-        prompt_router_indices=[prompt_ri[:, i, : lens[i]].copy() for i in range(n)],
-        stopped=[bool(s) for s in stopped[:n]],
-        versions=[out_ver[i, : m[i]].copy() for i in range(n)],
-        switches=switches,
-    )
+        self.tok_version = self.version
+        return bool(done.all())
+
+    def output(self) -> SampleOutput:
+        n, m, lens = self.n, self.m, self.lens
+        L_moe, B, _, k = self.out_ri.shape
+        prompt_ri = np.asarray(self.prompt_ri).reshape(L_moe, B, self.toks.shape[1], k)
+        return SampleOutput(
+            tokens=[self.out_tok[i, : m[i]].copy() for i in range(n)],
+            logprobs=[self.out_lp[i, : m[i]].copy() for i in range(n)],
+            router_indices=[self.out_ri[:, i, : m[i]].copy() for i in range(n)],
+            prompt_router_indices=[prompt_ri[:, i, : lens[i]].copy() for i in range(n)],
+            stopped=[bool(s) for s in self.stopped[:n]],
+            versions=[self.out_ver[i, : m[i]].copy() for i in range(n)],
+            switches=self.switches,
+        )
 
 
 def lower_decode_step(params, cfg, batch: int, max_len: int):
@@ -446,35 +475,6 @@ def lower_decode_step(params, cfg, batch: int, max_len: int):
                              cfg=mcfg).compile()
 
 
-def _reprefill(params, toks, lens_b, m, out_tok, out_ri, n, total, seq_keys, temp, tp, mcfg, place, pad_id):
-    """kv_mode="recompute" at a weight switch: prefill prompt + generated tokens with the new
-    weights, sample the pending token (number m of each row) again with its own key, and overwrite
-    the generated tokens' routing with the new prefill's (in place in `out_ri`). Returns (cache,
-    tok, lp)."""
-    B, P = toks.shape
-    L_moe, k = out_ri.shape[0], out_ri.shape[-1]
-    full = np.full((B, total), pad_id, np.int32)
-    full[:, :P] = toks
-    for i in range(B):
-        full[i, lens_b[i]: lens_b[i] + m[i]] = out_tok[i, : m[i]]
-    cache = transformer.init_cache(mcfg, B, total)
-    toks_j, lens_j = jnp.asarray(full), jnp.asarray(lens_b + m)
-    if place is not None:
-        cache, toks_j, lens_j = place(cache, toks_j, lens_j)
-    cache, tok, lp, ri_full = prefill(params, cache, toks_j, lens_j, token_keys(seq_keys, jnp.asarray(m)), temp, tp,
-                                      cfg=mcfg)
-    ri_full = np.asarray(ri_full).reshape(L_moe, B, total, k)
-    for i in range(n):
-        out_ri[:, i, : m[i]] = ri_full[:, i, lens_b[i]: lens_b[i] + m[i]]
-    return cache, tok, lp
-
-
-def sampler_kwargs_from_config(cfg) -> dict:
-    """`generate` keyword args from the `c.rl.sampler` section (configs/rl_tiny.py)."""
-    s = cfg.rl.sampler
-    return dict(temperature=float(s.temperature), top_p=float(s.top_p),
-                min_batch_bucket=int(s.min_batch_bucket), min_prompt_bucket=int(s.min_prompt_bucket),
-                min_new_bucket=int(s.min_new_bucket), sync_tokens=int(s.sync_tokens))
 
 
 # ----------------------------------------------------------------------------- weights holder

@@ -1,4 +1,4 @@
-"""Next-token cross-entropy for packed sequences (SPEC §8).
+"""Next-token cross-entropy for packed sequences (docs/SPEC.md §8).
 
 Position ``t`` predicts ``tokens[t+1]``; the pair counts iff ``t+1 < s``, both tokens are in the same
 segment (no cross-segment targets) and ``mask[t+1]`` is set (`mask` marks tokens that are targets,
@@ -37,7 +37,7 @@ def next_token_loss(
     """(mean cross-entropy over counted targets, number of counted targets)."""
     tgt, w = next_token_targets(tokens, mask, segment_ids)
     logits = logits.astype(jnp.float32)
-    # -log_softmax at the target only: no [b, s, V] log-prob array (fewer full-vocab passes, issue 20)
+    # -log_softmax at the target only: no [b, s, V] log-prob array (fewer full-vocab passes)
     nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
     count = w.sum()
     return jnp.sum(nll * w) / jnp.maximum(count, 1.0), count

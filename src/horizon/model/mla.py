@@ -1,4 +1,4 @@
-"""Multi-head Latent Attention (MLA) exactly as DeepSeek-V3 (SPEC §1).
+"""Multi-head Latent Attention (MLA) exactly as DeepSeek-V3 (docs/SPEC.md §1).
 
 Notation: ``D`` model dim, ``H`` heads, ``n/r/v`` = qk_nope / qk_rope / v head dims, ``Rq``/``Rkv``
 q / kv latent ranks.
@@ -43,7 +43,7 @@ from horizon.model import layers, rope
 NEG_INF = -1e30  # finite mask value (a fully masked row stays finite; cannot happen with causal masks)
 
 # Alternative training-path attention implementations, selected by ``cfg.attention_impl`` (default
-# "local" = `attention` below). `horizon.parallel.context` registers "context_parallel" (SPEC §2).
+# "local" = `attention` below). `horizon.parallel.context` registers "context_parallel" (docs/SPEC.md §2).
 ATTENTION_IMPLS: dict = {}
 
 
@@ -127,8 +127,8 @@ def core_attention(
     kv = jnp.swapaxes((c @ p["wkv_b"].astype(dt)).reshape(b, s, H, n + v), 1, 2)   # [b, H, s, n + v]
     k_nope, val = kv[..., :n], kv[..., n:]
     # Heads-major operands, so both products are plain batched GEMMs over (b, H): with the einsums
-    # "bthn,bshn->bhts" / "bhts,bshv->bthv" XLA:CPU ran the value product at ~7 GFLOP/s; a 32 x 64
-    # prefill chunk went 13.7 -> 11.6 ms (docs/PERF.md "Decode step", second session of 2026-12-05).
+    # "bthn,bshn->bhts" / "bhts,bshv->bthv" XLA:CPU ran the value product far slower (docs/PERF.md
+    # "Decode step, prefill and the old-path baseline").
     batch = ((0, 1), (0, 1))
     scores = (jax.lax.dot_general(jnp.swapaxes(q_nope, 1, 2), k_nope, (((3,), (3,)), batch))
               + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope))
@@ -183,10 +183,10 @@ def attention_decode(
 
     Returns (output, this call's latents ``{"c_kv": [b, t, Rkv], "k_rope": [b, t, r]}``); the caller
     writes them at slots = positions (`write_cache`), once for every layer after the layer scan: a
-    scan that returned each layer's updated cache copied every cache each decode step (issue 24,
-    docs/PERF.md "Decode step"). Attention is what it would be after the write: a query at position p
-    sees slots ``<= p``, the new latents (rounded to the cache dtype, as a read back would be) at their
-    positions (>= max_len: dropped, as by the write).
+    scan that returned each layer's updated cache copied every cache each decode step (docs/PERF.md
+    "Decode step and rollout engine"). Attention is what it would be after the write: a query at
+    position p sees slots ``<= p``, the new latents (rounded to the cache dtype, as a read back would
+    be) at their positions (>= max_len: dropped, as by the write).
 
     - One token per row (decode, memory-bound): absorbed projections (W_uk into the query, W_uv after
       the value sum, DeepSeek-V2 §2.1.3) over the cache's slots ``< p`` plus the token itself, no
@@ -195,8 +195,8 @@ def attention_decode(
       cache, attended like the training path (`core_attention`: keys and values up-projected once per
       slot). Multiply-adds per row and layer over s slots: absorbed t*H*(n*R + s*(2R + r) + R*v),
       unabsorbed s*R*H*(n + v) + t*s*H*(n + r + v), i.e. 1.44M vs 0.92M on configs/tiny.py at
-      t = s = 64 (analytic); a 32 x 64 prefill chunk 14.5 -> 12.8 ms on 2 CPU cores (docs/PERF.md
-      "Decode step", 2026-12-05 second session).
+      t = s = 64 (analytic); the prefill timing is in docs/PERF.md "Decode step, prefill and the
+      old-path baseline".
     """
     tables = rope.rope_tables(cfg)
     H, n, v, R = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 mixture of experts with aux-loss-free balancing and router replay (SPEC §1, §4.1).
+"""DeepSeek-V3 mixture of experts with aux-loss-free balancing and router replay (docs/SPEC.md §1, §4.1).
 
 Routing for a token with hidden ``x`` (router math in float32, as HF)::
 
@@ -16,7 +16,7 @@ Expert compute is a grouped GEMM: the ``T*k`` (token, expert) assignments are so
 (`expert_order`: a stable argsort, or a counting sort where that is faster), ``group_sizes =
 bincount(expert)``, and each of the three expert GEMMs is one grouped GEMM (`horizon.quant.grouped`:
 `ragged_dot` semantics, FLOPs proportional to the routed rows) through `expert_matmul` (the hook for
-low-precision recipes, SPEC §3). Outputs are
+low-precision recipes, docs/SPEC.md §3). Outputs are
 weighted by ``g`` and scatter-added back to their tokens.
 
 Aux-loss-free balancing (DeepSeek-V3 §2.1.2): after a step, `update_router_bias` moves each layer's
@@ -48,7 +48,7 @@ PRECISIONS_IMPLEMENTED = ("bf16", "default")
 PRECISIONS_PLANNED = ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd")
 
 # Alternative MoE-block implementations, selected by ``cfg.moe_impl`` (default "local" = `moe_block`
-# below). `horizon.parallel.experts` registers "expert_parallel" (SPEC §2).
+# below). `horizon.parallel.experts` registers "expert_parallel" (docs/SPEC.md §2).
 MOE_IMPLS: dict = {}
 
 
@@ -96,7 +96,7 @@ def expert_matmul(
 ) -> Float[Array, "m n"]:
     """Grouped GEMM over expert-sorted rows: rows ``[sum(gs[:e]), sum(gs[:e+1]))`` use ``w[e]``.
 
-    ``precision`` selects the recipe (SPEC §3): "bf16"/"default" is the grouped GEMM
+    ``precision`` selects the recipe (docs/SPEC.md §3): "bf16"/"default" is the grouped GEMM
     (`horizon.quant.grouped.grouped_matmul`, `ragged_dot` semantics at the routed rows' FLOPs) in the
     compute dtype; the block-scaled recipes ("mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd") go through
     `horizon.quant.qmoe.quantized_ragged_dot` (custom VJP: quantized forward, MXFP8 backward).
@@ -176,7 +176,7 @@ def grouped_swiglu(
 ) -> Float[Array, "rows embed"]:
     """Expert SwiGLU on rows sorted by expert (`group_sizes[e]` consecutive rows each; rows past their
     sum are zeros): the grouped GEMM at `cfg.moe_precision`, shared by the local block and the
-    expert-parallel one (horizon.parallel.experts) so both quantize alike (SPEC §1, §3)."""
+    expert-parallel one (horizon.parallel.experts) so both quantize alike (docs/SPEC.md §1, §3)."""
     mm = functools.partial(expert_matmul, group_sizes=group_sizes, precision=cfg.moe_precision,
                            division=cfg.get("quant_division", "ieee"),
                            approx_bits=cfg.get("quant_approx_rcp_bits", 22), impl=cfg.get("grouped_impl", "auto"))
@@ -186,10 +186,9 @@ def grouped_swiglu(
 
 # Per backend, where `expert_order` sorts by counting instead of `argsort`: (fewest assignments,
 # most assignments x experts). XLA:CPU's stable sort of int32 keys is slow (~150 ns per key); the
-# counting sort is a one-hot prefix sum (`layers.prefix_sum`), so its cost grows with n x E. 2 CPU cores,
-# jax 0.10.2, 2026-12-05 (one-off script, jitted, median of 100; argsort vs counting, us): 64 x 8
-# experts 12 vs 21, 256 x 8 38 vs 26, 4096 x 8 (a prefill chunk of 2048 tokens, top-2) 644 vs 65,
-# 4096 x 32 708 vs 204, 32768 x 8 (make run's train step) 5350 vs 2026, 32768 x 128 6209 vs 26441.
+# counting sort is a one-hot prefix sum (`layers.prefix_sum`), so its cost grows with n x E. The range
+# is where counting won in the argsort-vs-counting timings (docs/PERF.md "Decode step, prefill and the
+# old-path baseline"): argsort stays faster below 256 assignments and at large n x E.
 # Not listed (GPU: a radix sort): always `argsort`.
 COUNTING_SORT = {"cpu": (256, 1 << 19)}
 

@@ -1,4 +1,4 @@
-"""Multi-token prediction (MTP) modules, DeepSeek-V3 style, trained by self-distillation (SPEC §1, §3.1).
+"""Multi-token prediction (MTP) modules, DeepSeek-V3 style, trained by self-distillation (docs/SPEC.md §1.3).
 
 Depth ``k = 1..K`` (``cfg.mtp_depth``) keeps the causal chain of DeepSeek-V3 §2.2::
 

@@ -1,10 +1,10 @@
-"""Parameter counting without allocation (`jax.eval_shape` of `transformer.init`) (SPEC §1).
+"""Parameter counting without allocation (`jax.eval_shape` of `transformer.init`) (docs/SPEC.md §1).
 
 ``total``: every array in the tree (incl. router bias and MTP modules).
 ``active``: parameters touched per token: total minus the ``E - k`` routed experts a token does not use
 in every MoE layer (and MTP MoE block). Embedding and LM head are counted in both, matching the public
 Kimi-K2 figure (1.04T total / 32.6B activated: its activated count includes the 2 x 1.17B embedding
-and output matrices; see tests/model/test_params.py).
+and output matrices; see tests/model/test_model_params_loss.py).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def numpy_init(cfg, seed: int) -> dict:
 
 def train_step_flops(cfg, batch: int, seq: int) -> dict:
     """Analytic FLOPs of one LM train step (forward + backward = 3x forward) on ``batch x seq`` tokens
-    (SPEC §1; the yardstick for `compiled.cost_analysis()`):
+    (docs/SPEC.md §1; the yardstick for `compiled.cost_analysis()`):
 
     * ``matmul``: 6 x active non-embedding, non-LM-head params x tokens (every weight matmul a token
       touches: attention projections, dense MLPs, router, shared and the k routed experts, MTP);

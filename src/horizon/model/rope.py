@@ -1,4 +1,4 @@
-"""Rotary position embeddings with optional YaRN scaling, as DeepSeek-V3 uses them (SPEC §1).
+"""Rotary position embeddings with optional YaRN scaling, as DeepSeek-V3 uses them (docs/SPEC.md §1).
 
 Math. For a rope head dimension ``d`` (``cfg.qk_rope_head_dim``, even) and base ``theta``, pair ``i``
 (``i = 0 .. d/2-1``) rotates the interleaved pair ``(x[2i], x[2i+1])`` by the angle ``p * w_i`` at

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 / Kimi-K2 style decoder: embeddings, MLA + (dense SwiGLU | MoE) blocks, LM head (SPEC §1).
+"""DeepSeek-V3 / Kimi-K2 style decoder: embeddings, MLA + (dense SwiGLU | MoE) blocks, LM head (docs/SPEC.md §1).
 
 Each block (pre-norm residual)::
 
@@ -335,7 +335,7 @@ def decode(
     x = layers.embed(params["embed"], tokens, layers.dtype_of(c.dtype))
     # The layer scans read the cache and return only the new tokens' latents; they are written after
     # (one scatter per stacked array): a scan whose ys were the updated caches copied every layer's
-    # whole cache each step (issue 24, docs/PERF.md).
+    # whole cache each step (docs/PERF.md "Decode step and rollout engine").
     new = {}
     if n_dense:
         def dense_step(x, inp):

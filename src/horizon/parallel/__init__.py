@@ -1,4 +1,4 @@
-"""horizon.parallel: meshes, sharding rules and the shard_map'd CP / EP paths (SPEC §2).
+"""horizon.parallel: meshes, sharding rules and the shard_map'd CP / EP paths (docs/SPEC.md §2).
 
 * `mesh`     — axes (data, fsdp, expert, context), presets, THE logical-axis rules table,
                `make_mesh`, `param_shardings`, `batch_sharding`, `shard_params`, `sharding_table`;

@@ -1,4 +1,4 @@
-"""Context parallelism for MLA with a load-balanced causal (zigzag) layout (SPEC §2).
+"""Context parallelism for MLA with a load-balanced causal (zigzag) layout (docs/SPEC.md §2).
 
 Layout: the sequence (length S) is cut into ``2*CP`` chunks; CP rank i holds chunks ``i`` and
 ``2*CP-1-i`` (`zigzag_permute` reorders a natural-order array so that a contiguous split over the

@@ -1,4 +1,4 @@
-"""Expert parallelism: all-to-all dispatch to expert owners, grouped GEMM, combine (SPEC §2).
+"""Expert parallelism: all-to-all dispatch to expert owners, grouped GEMM, combine (docs/SPEC.md §2).
 
 Selected by ``cfg.model.moe_impl = "expert_parallel"``. The whole MoE block runs inside one
 `jax.shard_map` over all mesh axes; each device holds its tokens (batch over (data, fsdp, expert),

@@ -1,4 +1,4 @@
-"""Mesh axes and THE sharding rules: logical axis names -> mesh axes, per preset (SPEC §2).
+"""Mesh axes and THE sharding rules: logical axis names -> mesh axes, per preset (docs/SPEC.md §2).
 
 Mesh axes (always all four, size-1 axes are free)::
 
@@ -9,7 +9,7 @@ Mesh axes (always all four, size-1 axes are free)::
     context  context parallel: the sequence is split (zigzag layout, `horizon.parallel.context`);
              for parameters it is folded into FSDP (weights / optimizer state split over it too)
 
-Dense and expert weights use **different shardings of the same devices** (SPEC §2): a dense weight's
+Dense and expert weights use **different shardings of the same devices** (docs/SPEC.md §2): a dense weight's
 ``embed`` (or ``vocab``/``heads``/``mlp``) axis is split over ``(fsdp, context, expert)``; an expert
 weight ``[E, D, F]`` puts its ``expert`` axis on ``expert`` and its ``embed`` axis on the remaining
 ``(fsdp, context)``. Rules are resolved per array: each logical axis takes the mesh axes listed for it
@@ -75,7 +75,7 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
 
 def require_one_device(c) -> None:
     """Refuse a `mesh` section that asks for more than one device in a driver that does not build
-    its mesh from the config yet (SPEC §2; the experiments run on one device until they do): a
+    its mesh from the config yet (docs/SPEC.md §2; the experiments run on one device until they do): a
     mesh override there would be silently ignored. Raises `ConfigError` naming the field."""
     if "mesh" not in c:
         return
@@ -87,7 +87,7 @@ def require_one_device(c) -> None:
 
 
 def validate_mesh(c, *, power_of_two_ranks: bool = False) -> None:
-    """The `mesh` section of a driver that runs on it (SPEC §2): a known preset or axis sizes >= 1,
+    """The `mesh` section of a driver that runs on it (docs/SPEC.md §2): a known preset or axis sizes >= 1,
     needing at most the devices this process has; with `power_of_two_ranks` (drivers that bucket
     batches to powers of two: RL, the sampler) a power-of-two data*fsdp*expert. Raises `ConfigError`
     naming the field."""
@@ -115,7 +115,7 @@ _RUN_MESHES: dict[tuple, jax.sharding.Mesh] = {}
 
 
 def run_mesh(c) -> jax.sharding.Mesh | None:
-    """The mesh a run's steps execute on, from ``c.mesh`` (SPEC §2): None when the config has no
+    """The mesh a run's steps execute on, from ``c.mesh`` (docs/SPEC.md §2): None when the config has no
     `mesh` section or it asks for one device (the steps then jit for the default device), else
     `mesh_from_config`'s mesh, built once per axis-size tuple so every step of a run (trainer,
     sampler, SFT) sees the same `Mesh` object and jit caches hit."""

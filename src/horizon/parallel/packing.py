@@ -1,4 +1,4 @@
-"""Global sequence packing for RL steps: balance per-rank compute across DP ranks (SPEC §2).
+"""Global sequence packing for RL steps: balance per-rank compute across DP ranks (docs/SPEC.md §2).
 
 Cost model of one sequence of ``n`` tokens: ``c(n) = a*n + b*n^2`` (linear: MLP/projections/MoE per
 token; quadratic: causal attention, whose work grows with the square of the segment length because

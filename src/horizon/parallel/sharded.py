@@ -1,4 +1,4 @@
-"""Sharded LM / RL train steps and forward under a (data, fsdp, expert, context) mesh (SPEC §2).
+"""Sharded LM / RL train steps and forward under a (data, fsdp, expert, context) mesh (docs/SPEC.md §2).
 
 `configure(cfg)` copies the config and selects the shard_map paths from ``cfg.mesh``:
 ``attention_impl = "context_parallel"`` when ``context > 1`` and ``moe_impl = "expert_parallel"``

@@ -1,7 +1,7 @@
-"""horizon.quant: MXFP8 / NVFP4 formats, block-scaled matmul references, quantized MoE GEMM (SPEC §3).
+"""horizon.quant: MXFP8 / NVFP4 formats, block-scaled matmul references, quantized MoE GEMM (docs/SPEC.md §3).
 
 Pure-JAX references that define correctness for the GPU kernels in ``pallas_kernels/``
-(contract: notes/QUANT_CONTRACT.md).
+(contract: docs/KERNELS.md).
 """
 
 from horizon.quant.formats import (

@@ -1,4 +1,4 @@
-"""MXFP8 and NVFP4 block-scaled formats: quantize / dequantize with explicit rounding (SPEC §3).
+"""MXFP8 and NVFP4 block-scaled formats: quantize / dequantize with explicit rounding (docs/SPEC.md §3).
 
 Blocks always run along the LAST axis (the matmul contraction axis, K-major layout); K must be a
 multiple of the block size. All scale arithmetic is float32.
@@ -29,7 +29,7 @@ MXFP8 (OCP MX v1.0): E4M3 elements, one E8M0 (power-of-two) scale per 32 element
 
 NVFP4 (NVIDIA; TE / torchao rule): E2M1 elements, one E4M3 decode scale per 16, plus an f32
 second-level scale, per tensor (``scaling="per_tensor"``, the original recipe) or per row =
-per token for activations (``scaling="per_token"``, the report's variant; SPEC §3).
+per token for activations (``scaling="per_token"``, the report's variant; docs/SPEC.md §3).
   ``A`` = amax over the tensor (or the row) of the FINITE values;
   ``S_enc = 448 * 6 / A`` (1 if A == 0; clamped to the f32 max);
   block decode scale ``s_b = e4m3_rne(min(block_amax / 6 * S_enc, 448))``;
@@ -150,7 +150,7 @@ def e8m0_from_exponent(e: Array) -> Array:
 def quantize_mxfp8(
     x: Float[Array, "*batch k"], *, scale_rule: str = "rceil", block_size: int = MX_BLOCK
 ) -> MXTensor:
-    """MXFP8 quantization along the last axis (SPEC §3; rules in the module docstring)."""
+    """MXFP8 quantization along the last axis (docs/SPEC.md §3; rules in the module docstring)."""
     xb = _blocks(x, block_size)
     finite = jnp.all(jnp.isfinite(xb), axis=-1, keepdims=True)
     amax = jnp.max(jnp.where(jnp.isfinite(xb), jnp.abs(xb), 0.0), axis=-1, keepdims=True)
@@ -212,7 +212,7 @@ def quantize_nvfp4(
     block_size: int = NVFP4_BLOCK,
     approx_bits: int = APPROX_RCP_MANTISSA_BITS,
 ) -> NVFP4Tensor:
-    """NVFP4 quantization along the last axis (SPEC §3; rules in the module docstring)."""
+    """NVFP4 quantization along the last axis (docs/SPEC.md §3; rules in the module docstring)."""
     check_choice("scaling", scaling, SCALINGS)
     check_choice("division", division, DIVISIONS)
     check_choice("rounding", rounding, ROUNDINGS)

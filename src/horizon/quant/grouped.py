@@ -1,4 +1,4 @@
-"""Grouped expert GEMM at the FLOPs it needs (SPEC §1: expert compute is a grouped GEMM, never a dense
+"""Grouped expert GEMM at the FLOPs it needs (docs/SPEC.md §1: expert compute is a grouped GEMM, never a dense
 all-experts computation).
 
 ``grouped_matmul(x [M, K], w [G, K, N], group_sizes [G])`` has `jax.lax.ragged_dot`'s semantics: rows
@@ -76,13 +76,11 @@ AUTO_IMPL = {"cpu": "block", "gpu": "block"}
 
 # Per backend, the largest gathered tile weights (``tiles * K * N`` elements, in bytes) for which the
 # block GEMM runs as one batched product instead of a loop over tiles (module docstring): small tiles
-# pay the loop's per-iteration overhead, large gathered weights the copies. XLA:CPU, jax 0.10.2, 2
-# cores, 2026-12-05, `benchmarks/grouped_gemm.py --dtype float32 --impls block:loop,block:batched`
-# (fwd / fwd+bwd ms, loop vs batched; docs/PERF.md "Decode step"): 32 tokens top-2 of 8 experts, d 64,
-# f 32 (a decode step's MoE, 0.12 MiB gathered) 0.09 vs 0.09 / 0.34 vs 0.24; 8192 tokens, same dims
-# (1.1 MiB) 5.57 vs 3.29 / 15.8 vs 11.0; 1024 tokens top-2 of 32, d 128, f 64 (3.1 MiB) 3.17 vs 2.75 /
-# 10.5 vs 7.7; d 256, f 128 (12.5 MiB) 8.8 vs 22.4 / 31 vs 52; d 512, f 256 (50 MiB) 34 vs 60 / 128
-# vs 136. Not listed (GPU: the H200 number above is the loop's): always the loop.
+# pay the loop's per-iteration overhead, large gathered weights the copies. On XLA:CPU
+# (`benchmarks/grouped_gemm.py --dtype float32 --impls block:loop,block:batched`, loop vs batched from a
+# decode step's MoE to 50 MiB of gathered weights: docs/PERF.md "Decode step and rollout engine") the
+# batched product won up to ~3 MiB and lost from ~12 MiB. Not listed (GPU: the H200 number above is
+# the loop's): always the loop.
 BATCHED_MAX_BYTES = {"cpu": 4 << 20}
 
 

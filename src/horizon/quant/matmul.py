@@ -1,4 +1,4 @@
-"""Block-scaled matmul references and the dispatcher (SPEC §3; contract in notes/QUANT_CONTRACT.md).
+"""Block-scaled matmul references and the dispatcher (docs/SPEC.md §3; contract in docs/KERNELS.md).
 
 Layouts are K-major: ``a`` [M, K] (rows = tokens), ``b`` [N, K] (rows = output features),
 ``out = a @ b.T`` [M, N]. Grouped: ``a`` [T, K] sorted by group, ``b`` [G, N, K], ``group_sizes``

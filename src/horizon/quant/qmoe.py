@@ -1,4 +1,4 @@
-"""Quantized MoE grouped GEMM with a custom VJP: NVFP4 / MXFP8 forward, MXFP8 backward (SPEC §3).
+"""Quantized MoE grouped GEMM with a custom VJP: NVFP4 / MXFP8 forward, MXFP8 backward (docs/SPEC.md §3).
 
 ``quantized_ragged_dot(x [T, K], w [G, K, N], group_sizes [G], *, precision)`` has the semantics of
 ``jax.lax.ragged_dot(x, w, group_sizes)`` (rows sorted by group; rows past ``sum(group_sizes)`` give 0).

@@ -1,4 +1,4 @@
-"""horizon.sandbox: stateful, forkable execution environments for rollouts (SPEC §5).
+"""horizon.sandbox: stateful, forkable execution environments for rollouts (docs/SPEC.md §5).
 
     from horizon.sandbox import open_sandbox
     with open_sandbox("docker", "horizon-sandbox:base", default_timeout=30) as sb:

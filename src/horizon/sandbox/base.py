@@ -1,4 +1,4 @@
-"""The sandbox protocol every backend implements (SPEC §5).
+"""The sandbox protocol every backend implements (docs/SPEC.md §5).
 
 Tools and the agent loop talk only to this protocol. Paths are absolute paths inside
 the sandbox; the task workspace is `WORKSPACE`. Backends: `DockerSandbox` (the real
@@ -28,12 +28,12 @@ class SandboxError(RuntimeError):
     """A sandbox operation failed. A plain `SandboxError` or the file/argument subclasses below
     are the policy's doing (a bad path, a file it may not write) and go back to it as text;
     `SandboxInfraError` (engine / dead container) and `SandboxResourceError` (budget) end the
-    episode (issue 21)."""
+    episode (docs/SPEC.md §4.1 "infrastructure is not the policy")."""
 
 
 class SandboxInfraError(SandboxError):
     """The sandbox or the engine failed (dead / removed / unusable container, engine error or
-    timeout): infrastructure, never the policy's doing (SPEC §4 "infrastructure is not the
+    timeout): infrastructure, never the policy's doing (docs/SPEC.md §4 "infrastructure is not the
     policy"). Tools and the verifier let it propagate; the episode ends with reason "infra" and
     its group is retried on a fresh sandbox, never trained on (`horizon.env.rollouts`)."""
 
@@ -84,7 +84,7 @@ def check_command(cmd: str) -> str:
 
 
 class OutputBuffer:
-    """Keeps the first and last `max_bytes // 2` bytes of a stream (SPEC §5 output limits).
+    """Keeps the first and last `max_bytes // 2` bytes of a stream (docs/SPEC.md §5 output limits).
 
     Tools show the model the head (the command's start, e.g. a traceback's first frames)
     and the tail (the final error / summary) with a visible `TRUNCATION_MARKER` between.

@@ -1,4 +1,4 @@
-"""Docker sandbox backend: one container per rollout, controlled by `exec` (SPEC §5).
+"""Docker sandbox backend: one container per rollout, controlled by `exec` (docs/SPEC.md §5).
 
 Isolation: no network (`network_mode="none"`), CPU/memory/pids limits, commands run as the
 non-root user 1000:1000, all capabilities dropped, no-new-privileges, `init=True` (zombies
@@ -9,7 +9,7 @@ own and killing the client leaves the process running); the output stream is rea
 with a host-side deadline, and as a backstop the exec's process group is killed. Only the
 command dies on a timeout; the sandbox keeps working.
 
-Whose failure (issue 21): every engine failure -- an engine error or timeout (`ENGINE_TIMEOUT_S`
+Whose failure (docs/SPEC.md §4.1 "infrastructure is not the policy"): every engine failure -- an engine error or timeout (`ENGINE_TIMEOUT_S`
 per API call), a closed, removed, stopped or killed container (also one that dies while a
 command runs) -- raises `SandboxInfraError`. A command killed by the OOM killer keeps its
 ExecResult (exit 137) with "[sandbox] killed: out of memory (limit N MiB)" appended. With
@@ -370,7 +370,7 @@ def _created_epoch(attrs: dict) -> int:
 
 
 class DockerSandbox:
-    """A `Sandbox` backed by one Docker container (SPEC §5). Create with `create()`."""
+    """A `Sandbox` backed by one Docker container (docs/SPEC.md §5). Create with `create()`."""
 
     def __init__(self, container, client: docker.DockerClient, spec: dict[str, Any]):
         self._container = container

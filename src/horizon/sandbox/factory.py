@@ -1,4 +1,4 @@
-"""Pick a sandbox backend by name (SPEC §5): "docker" (isolated) or "local" (NOT isolated)."""
+"""Pick a sandbox backend by name (docs/SPEC.md §5): "docker" (isolated) or "local" (NOT isolated)."""
 
 from __future__ import annotations
 

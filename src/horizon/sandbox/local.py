@@ -1,4 +1,4 @@
-"""Local sandbox backend: a temp directory + subprocess (SPEC §5 fallback).
+"""Local sandbox backend: a temp directory + subprocess (docs/SPEC.md §5 fallback).
 
 WARNING: NOT ISOLATED. Commands run as the calling user on the host, with the host's
 network, filesystem, and no CPU/memory/pids limits. Use it only on a laptop without Docker

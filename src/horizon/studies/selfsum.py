@@ -1,4 +1,4 @@
-"""The self-summarization study's pieces (SPEC §6; experiments/selfsum.py, issue 25): demonstration
+"""The self-summarization study's pieces (docs/SPEC.md §6; experiments/selfsum.py): demonstration
 chains per context strategy with an equal share of trained tokens per strategy (`balance_rows`) in
 both SFT stages, the stage-1 curriculum, the teacher-forced copy checks after SFT
 (`key_copy_check`, `copy_check_lines`), the held-out evaluation that keeps per-episode records
@@ -89,7 +89,7 @@ def stage1_configs(c) -> list:
 
 
 def balance_rows(rows_by_strategy: dict) -> list:
-    """Equal treatment (issue 25): every strategy the same number of trained (loss-mask) tokens —
+    """Equal treatment (docs/SPEC.md §6: equal SFT shares): every strategy the same number of trained (loss-mask) tokens —
     each strategy's rows, in order, up to the smallest strategy's total (the row that crosses it is
     kept), so a strategy with longer chains gets fewer chains, not more gradient."""
     tokens = {s: sum(int(np.asarray(m).sum()) for _, m in rows) for s, rows in rows_by_strategy.items()}
@@ -213,7 +213,7 @@ def key_copy_check(params, family, c, tok) -> dict:
 def memory_slot(before: str, after: str) -> tuple[int, int]:
     """(keys in the memory, this key's 1-based slot) of the key letter that ends `before` and
     starts `after`, inside a summary or note: on key_relay, slot 1 of a 2-key summary is the key
-    carried from the previous summary, slot 2 the one read since (where a copy is lost, issue 25)."""
+    carried from the previous summary, slot 2 the one read since (where a copy is lost)."""
     o = max(before.rfind(op) for op, _ in MEMORY_TAGS.values())
     close = [x for x in (after.find(cl) for _, cl in MEMORY_TAGS.values()) if x >= 0]
     body = before[o:] + after[:min(close) if close else len(after)]
@@ -224,7 +224,7 @@ def memory_slot(before: str, after: str) -> tuple[int, int]:
 def copy_check_lines(chk: dict, strategies, threshold: float) -> list[str]:
     """The post-SFT copy checks as printed lines, one per strategy: key-in-memory (summary, or
     masking's note) and answer-copy accuracy ("n/a" where the strategy writes none), and whether a
-    summarizing strategy's key-in-summary reaches `threshold` (issue 25's must-show)."""
+    summarizing strategy's key-in-summary reaches `threshold` (the study's post-SFT gate)."""
     lines = []
     for s in strategies:
         mem = chk.get(f"{s}_summary_key_acc", chk.get(f"{s}_note_key_acc"))
@@ -383,7 +383,7 @@ def _f(x, fmt="{:.3f}"):
 
 
 def table(rows: dict, level: float) -> str:
-    """The study's markdown table (issue 25's metrics) and its findings against self-summary."""
+    """The study's markdown table (docs/SPEC.md §6 metrics) and its findings against self-summary."""
     pct = f"{level:.0%}"
     head = (f"| strategy | success, SFT policy | success after RL [{pct} CI] | paired diff vs self-summary, per seed "
             "| compaction-caused errors (share) | tokens per summary | generated tokens per solved task "
@@ -402,7 +402,7 @@ def table(rows: dict, level: float) -> str:
 
 
 def findings(rows: dict) -> list[str]:
-    """The sentences the issue asks the table to say, whatever the answer: self-summary vs prompt
+    """The sentences the table must say, whatever the answer: self-summary vs prompt
     compaction in compaction-caused errors and tokens per summary, and where self-summary stands
     against every baseline in success (CI overlap and the sign of the paired differences)."""
     ss, out = rows.get("self_summary"), []

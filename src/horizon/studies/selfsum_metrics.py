@@ -1,4 +1,4 @@
-"""The self-summarization study's metrics (SPEC §6, §7; issue 25): pure functions of per-episode
+"""The self-summarization study's metrics (docs/SPEC.md §6, §7): pure functions of per-episode
 records, so every number in `selfsum.md` can be checked by hand on a synthetic trajectory.
 
 An episode record (`episode_record`, one per held-out episode of the final eval) is a dict with
@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 from jaxtyping import Int
 
-from horizon.inference.engine import common_prefix  # the engine's own LCP, which its reuse counts use
+from horizon.inference.slots import common_prefix  # the engine's own LCP, which its reuse counts use
 
 
 def compaction_error(solved: bool, seen_before: Sequence[str], memory: str) -> bool:
@@ -91,7 +91,7 @@ def strategy_row(records: Sequence[dict], *, baseline: Sequence[dict] | None, sa
     differences to `baseline` (self-summary's records; None for self-summary itself), compaction-
     caused errors (count and share of episodes), tokens per summary, generated tokens per solved
     task, prefill tokens / summaries / context rewrites per episode, and summaries per solved
-    episode (key_relay: a solved chain must carry keys through >= 2 summaries, issue 25)."""
+    episode (key_relay: a solved chain must carry keys through >= 2 summaries)."""
     n = len(records)
     solved = sum(bool(r["solved"]) for r in records)
     summaries = sum(r["summaries"] for r in records)

@@ -1,4 +1,4 @@
-"""Procedural bug injection into Python source: the generator's mutations (SPEC §7 tasks; issue 26).
+"""Procedural bug injection into Python source: the generator's mutations (docs/SPEC.md §7).
 
 `candidates(source)` lists every mutation the AST offers, in a fixed order; `mutate(source, seed)`
 picks one deterministically (a kind first, uniformly among those the file offers, then a site), and

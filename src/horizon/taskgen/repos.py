@@ -1,5 +1,5 @@
 """Real repositories for the task generator: manifest, repository images, the screened baseline
-(SPEC §5 sandboxes, §7 tasks; issue 26 item 2).
+(docs/SPEC.md §5, §7).
 
 `envs/repos/manifest.toml` lists small pure-Python projects whose sdists ship their test suites
 (name, version, sdist file, sha256, pytest paths `tests`, mutable `sources`). For each one:
@@ -39,9 +39,9 @@ import time
 import tomllib
 
 from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL, WORKSPACE
+from horizon.sandbox.factory import open_sandbox
 from horizon.tasks import swebench
 from horizon.tasks.task import TaskError
-from horizon.sandbox.factory import open_sandbox
 
 REPO_FORMAT = "1"                 # bump when the repository/image layout changes (forces rebuilds)
 MANIFEST_PATH = pathlib.Path(__file__).resolve().parents[3] / "envs" / "repos" / "manifest.toml"

@@ -1,4 +1,4 @@
-"""horizon.tasks: the coding-task set, recall-task generator, task sandboxes and verifier (SPEC §5, §7).
+"""horizon.tasks: the coding-task set, recall-task generator, task sandboxes and verifier (docs/SPEC.md §5, §7).
 
     from horizon.tasks import load_tasks, open_task_sandbox, verify
     task = load_tasks(split="train")[0]

@@ -1,4 +1,4 @@
-"""Open a sandbox holding a task's initial repository state (SPEC §5).
+"""Open a sandbox holding a task's initial repository state (docs/SPEC.md §5).
 
 docker: the task image `horizon-task:<id>` (built by envs/build_task_images.py) is used
 when it exists and its labels match the task's current files and the current base image;

@@ -1,5 +1,5 @@
 """Harbor task directories as horizon `Task`s: import, image build, gold policy, grading
-(SPEC §5 sandboxes, §7 tasks/eval).
+(docs/SPEC.md §5 sandboxes, §7 tasks/eval).
 
 A Harbor (Terminal-Bench 2) task directory holds::
 

@@ -1,4 +1,4 @@
-"""Procedurally generated key-recall tasks: self-summarization at tiny scale (SPEC §6).
+"""Procedurally generated key-recall tasks: self-summarization at tiny scale (docs/SPEC.md §6).
 
 The hand-written recall family (`horizon.tasks.recall`) reads ~50 KB of logs, far beyond
 what a byte-level tiny model can learn on CPU. This family keeps its *structure* at a
@@ -22,7 +22,7 @@ which brings the induction problem back; the self-summarization config has none.
 Reading the logs pushes the context past the compaction trigger, so the key's
 observation is gone after a compaction: the answer survives only if the summary kept it
 (self-summary, prompt compaction) and never under a sliding window (the window drops the
-oldest turns first). The env's one tool is `read(path)` (SPEC §5 per-environment tool
+oldest turns first). The env's one tool is `read(path)` (docs/SPEC.md §5 per-environment tool
 sets), executed in the sandbox (`cat`). Everything is deterministic in the seed; held-out
 tasks are unseen seeds (>= `HELDOUT_SEED_START`).
 
@@ -32,8 +32,8 @@ is every key in order of arrival ("#Q #Z #B"). Facts arrive at different times, 
 that fires every few logs an episode needs >= 2 summaries before the answer, and a later summary
 must carry forward what an earlier one held (configs/selfsum_relay.py). With one shared alphabet,
 writing them in order is an ordered-list merge (the earliest key not yet written, from an earlier
-summary or an observation): in the tiny model the middle slot of a 3-key summary stayed at 0.00
-after 800 stage-1 steps while the first and last formed (docs/PERF.md, 2026-12-05).
+summary or an observation): in the tiny model the middle slot of a 3-key summary did not form while
+the first and last did (docs/PERF.md "Self-summarization study, the harder family").
 `slot_alphabets=True` draws key i from the i-th disjoint slice of the alphabet, so each slot is the
 same one-head content lookup as the single key; the summary must still carry every earlier key
 (whose observation has left the context), which is what the family tests.

@@ -1,4 +1,4 @@
-"""Load the in-repo task set from envs/tasks/<id>/ (SPEC §5, §7).
+"""Load the in-repo task set from envs/tasks/<id>/ (docs/SPEC.md §5, §7).
 
 Layout of one task directory:
 

@@ -1,4 +1,4 @@
-"""Synthetic long-horizon recall tasks (SPEC §5, §6: self-summarization must keep facts).
+"""Synthetic long-horizon recall tasks (docs/SPEC.md §5, §6: self-summarization must keep facts).
 
 Each task is deterministic in its seed. The key fact (a "signing code") sits in
 notes/KEY.txt, which the prompt says to read first (or in the prompt itself with

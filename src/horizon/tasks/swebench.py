@@ -1,4 +1,4 @@
-"""SWE-bench-format instances as horizon `Task`s, and their grading (SPEC §5 sandboxes, §7 tasks/eval).
+"""SWE-bench-format instances as horizon `Task`s, and their grading (docs/SPEC.md §5 sandboxes, §7 tasks/eval).
 
 One JSONL row per instance with the fields SWE-bench, SWE-Gym, SWE-smith and SWE-rebench share:
 ``instance_id, repo, base_commit, patch, test_patch, problem_statement, FAIL_TO_PASS,

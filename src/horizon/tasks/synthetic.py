@@ -1,4 +1,4 @@
-"""Procedurally generated one-edit config tasks: a learnable RL environment family (SPEC §4, §7).
+"""Procedurally generated one-edit config tasks: a learnable RL environment family (docs/SPEC.md §4, §7).
 
 A tiny byte-level model cannot solve the hand-written task set from scratch, so the RL
 demo (experiments/rl.py) trains on a *family* of tasks that differ only in their values:
@@ -7,7 +7,7 @@ demo (experiments/rl.py) trains on a *family* of tasks that differ only in their
     files:   settings.py with 2-4 integer constants, TIMEOUT = 42 among them
     test:    python3 -B -c '...'  (exit 0 iff TIMEOUT == 17 and every other constant is unchanged)
 
-The one-call solution uses the environment's own compact tool (SPEC §5: per-environment
+The one-call solution uses the environment's own compact tool (docs/SPEC.md §5: per-environment
 tool sets), `set(name, value)`, executed in the sandbox by one `sed -i` exec; the call
 `<function=set><parameter=value>17</parameter><parameter=name>TIMEOUT</parameter></function>`
 is ~100 bytes, so success needs exact copying of the constant name and the digits: a model
@@ -184,7 +184,7 @@ SET_TOOL = Tool("set", "Set constant `name` (in the /workspace module defining i
 
 
 def synthetic_registry(strict: bool = True, tool: str = "set") -> ToolRegistry:
-    """The environment's tool set (SPEC §5 per-environment tools). `tool="set"` (default): the
+    """The environment's tool set (docs/SPEC.md §5 per-environment tools). `tool="set"` (default): the
     compact `set(name, value)` tool, executed in the sandbox; the call is ~95 bytes, which a
     tiny byte-level model learns in a few hundred SFT steps. `tool="edit_file"`: the built-in
     `edit_file` (same function and argument names) restricted to str_replace, for

@@ -1,4 +1,4 @@
-"""The `Task` record: one coding problem for rollouts and evaluation (SPEC §5, §7).
+"""The `Task` record: one coding problem for rollouts and evaluation (docs/SPEC.md §5, §7).
 
 A task is an initial repository state (`files`, written under /workspace), a user prompt,
 and a way to score the final sandbox state:
@@ -11,7 +11,7 @@ and a way to score the final sandbox state:
 - reward_mode "swebench": an imported SWE-bench instance, graded per test (`horizon.tasks.swebench`);
 - reward_mode "harbor":   an imported Harbor task, graded by its tests/test.sh (`horizon.tasks.harbor`).
 
-The interface is fixed by notes/AGENT_TASK_CONTRACT.md; `validate_task` runs on
+The interface is fixed by docs/SPEC.md §5; `validate_task` runs on
 construction so a malformed task fails loudly where it is made, not mid-rollout.
 """
 
@@ -136,7 +136,7 @@ def validate_task(task: Task) -> None:
 
 
 def task_hash(task: Task) -> str:
-    """Content hash of what a task image bakes in (id + files); sha256 hex (SPEC §5)."""
+    """Content hash of what a task image bakes in (id + files); sha256 hex (docs/SPEC.md §5)."""
     h = hashlib.sha256()
     h.update(json.dumps({"id": task.id, "files": sorted(task.files.items())}, ensure_ascii=False).encode())
     return h.hexdigest()

@@ -1,4 +1,4 @@
-"""Score a task's final sandbox state (SPEC §5 "a verifier runs the task's tests").
+"""Score a task's final sandbox state (docs/SPEC.md §5 "a verifier runs the task's tests").
 
 Test tasks (reward_mode "binary" / "fraction"):
   1. the task's protected files (by default every initial file under tests/) are restored
@@ -16,7 +16,7 @@ Answer tasks (reward_mode "answer": questions, recall):
   group must have one string present as a whole token (not inside a longer identifier or
   number: "5" does not match "15" or "2.5"). For should_edit=False tasks any change to the
   workspace (a modified, deleted or new file, ignoring caches and ANSWER.txt) scores 0
-  ("eager editing", SPEC §7 behaviour evals) unless `check_edits=False`.
+  ("eager editing", docs/SPEC.md §7 behaviour evals) unless `check_edits=False`.
   With `metadata["answer_match"] == "exact"` the normalised final message must EQUAL one
   string of each group (ANSWER.txt ignored): listing every candidate scores 0.
 
@@ -175,7 +175,7 @@ def verify(task: Task, sandbox, final_answer: str = "", timeout: float | None = 
     """Score `sandbox`'s final state for `task` (module docstring); never raises on sandbox errors.
     `timeout` None: the mode's own default (`DEFAULT_VERIFY_TIMEOUT_S`; the importers' graders theirs).
     A dead or unusable sandbox (`SandboxInfraError`) is not a score: the result carries
-    `infra_error` and the caller retries the episode (issue 21: infrastructure is not the policy)."""
+    `infra_error` and the caller retries the episode (docs/SPEC.md §4.1 "infrastructure is not the policy")."""
     try:
         if task.reward_mode in GRADERS:
             return GRADERS[task.reward_mode](task, sandbox, timeout)

@@ -1,4 +1,4 @@
-"""horizon.tools: the agent's tools, their call format and registry (SPEC §5).
+"""horizon.tools: the agent's tools, their call format and registry (docs/SPEC.md §5).
 
 Tool names and arguments (what scripted solutions in `Task.solution` use):
 

@@ -1,4 +1,4 @@
-"""The built-in tools: read_file, edit_file, run_shell, grep, list_dir, todo_write (SPEC §5).
+"""The built-in tools: read_file, edit_file, run_shell, grep, list_dir, todo_write (docs/SPEC.md §5).
 
 Every tool acts only through the `Sandbox` protocol (`exec` / `read_file` / `write_file`),
 so the same code runs against Docker and the local fallback. Semantics follow the
@@ -7,7 +7,8 @@ str_replace editor users know (REFERENCES.md "Docker sandboxes"): absolute paths
 Failures raise `ToolArgError`, which the registry turns into observation text; a sandbox that
 refuses a file operation (permission, missing file) is such a failure. `SandboxInfraError`
 (the sandbox or engine failed) and `SandboxResourceError` (a budget was exceeded) are never
-turned into text here: they propagate and end the episode (issue 21).
+turned into text here: they propagate and end the episode (docs/SPEC.md §4.1 "infrastructure is
+not the policy").
 """
 
 from __future__ import annotations

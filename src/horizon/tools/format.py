@@ -1,4 +1,4 @@
-"""The text format of an assistant turn, its parser and its renderer (SPEC §5).
+"""The text format of an assistant turn, its parser and its renderer (docs/SPEC.md §5).
 
 One assistant turn (the text the model generates before END_TURN) is::
 
@@ -10,7 +10,7 @@ One assistant turn (the text the model generates before END_TURN) is::
       </function>                           one tool call
       <final>ANSWER</final>                 the final message; ends the episode
 
-A summary turn (answer to the summarize query, SPEC §6) is::
+A summary turn (answer to the summarize query, docs/SPEC.md §6) is::
 
     [<think> scratch </think>] <summary> compressed context </summary>
 
@@ -233,7 +233,7 @@ def render_summary(summary: str, thinking: str | None = None) -> str:
 # ----------------------------------------------------------------------------- pluggable formats
 class ToolCallFormat:
     """A model's tool-call text format: the renderer/parser pair of one assistant turn plus the
-    instructions the system prompt shows (SPEC §5). `agent.tool_format` names the one an
+    instructions the system prompt shows (docs/SPEC.md §5). `agent.tool_format` names the one an
     `Episode` parses with (`tool_format`); the default, "horizon", is this module's format.
 
     Interface (subclass and `register_format(...)`):

@@ -1,4 +1,4 @@
-"""Tool specs, per-environment tool sets and argument checking (SPEC §5).
+"""Tool specs, per-environment tool sets and argument checking (docs/SPEC.md §5).
 
 A `Tool` is a name, a schema (`Param`s) and a function `fn(ctx, **args) -> str` that
 acts only through the `Sandbox` protocol. `ToolRegistry(tools, strict)` is one
@@ -34,7 +34,7 @@ class Param:
 
 @dataclasses.dataclass
 class ToolState:
-    """Per-episode state the tools keep (todo list and its counters for SPEC §4 rewards)."""
+    """Per-episode state the tools keep (todo list and its counters for docs/SPEC.md §4 rewards)."""
 
     todos: list[dict] = dataclasses.field(default_factory=list)      # current list
     todo_status: dict[str, str] = dataclasses.field(default_factory=dict)  # content -> last status, ever seen
@@ -186,7 +186,7 @@ class ToolRegistry:
         except ToolArgError as e:
             out, error = f"Error: {e}", True
         except (SandboxInfraError, SandboxResourceError):
-            raise   # not an observation: the episode ends ("infra" / "resource"), SPEC §4 infra vs policy
+            raise   # not an observation: the episode ends ("infra" / "resource"), docs/SPEC.md §4 infra vs policy
         except Exception as e:  # the policy's own failures (missing file, bad command) go back as text
             out, error = f"Error: {name} failed: {type(e).__name__}: {e}", True
         return ToolResult(truncate_text(out, ctx.max_observation_bytes), error=error)

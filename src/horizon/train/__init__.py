@@ -1,1 +1,1 @@
-"""horizon.train: LM train step, AdamW optimizer, orbax checkpoints (SPEC §8)."""
+"""horizon.train: LM train step, AdamW optimizer, orbax checkpoints (docs/SPEC.md §8)."""

@@ -1,4 +1,4 @@
-"""Orbax checkpoints of the full training state for exact resume (SPEC §8).
+"""Orbax checkpoints of the full training state for exact resume (docs/SPEC.md §8).
 
 A checkpoint at step k holds the `TrainState` pytree (step, params, opt_state, rng) and a
 small JSON record (data position = next batch index, seed, anything else the caller adds).
@@ -8,9 +8,9 @@ reproduces the uninterrupted run bit for bit. Orbax writes into a temporary dire
 and renames it on commit, so a process killed mid-save leaves the previous checkpoint
 as the latest one.
 
-Integrity (issue "infrastructure failures never kill a run", part 4): orbax does not checksum its
-data files (16 overwritten bytes restore as garbage values without an error), so every committed
-step gets a manifest, `MANIFEST_NAME` in the step directory: relative path, size and sha256 of every
+Integrity (docs/SPEC.md §4.1 "Fault tolerance": integrity-checked on restore): orbax does not
+checksum its data files (16 overwritten bytes restore as garbage values without an error), so every
+committed step gets a manifest, `MANIFEST_NAME` in the step directory: relative path, size and sha256 of every
 file of the step. `Checkpointer` saves synchronously and writes the manifest right after
 `wait_until_finished`, i.e. once orbax has committed (renamed) the step; a process killed in
 between leaves a committed step without a manifest. Every restore verifies the step first. A step
@@ -170,7 +170,7 @@ class Checkpointer:
     def restore(self, step: int, target: Any) -> tuple[Any, dict]:
         """Restore checkpoint `step` into the structure/dtypes of `target` (arrays or
         `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape` of the init function) and onto its
-        shardings where it has them: a state saved on one mesh restores onto another (SPEC §2).
+        shardings where it has them: a state saved on one mesh restores onto another (docs/SPEC.md §2).
         The step is verified first: `CheckpointCorruptError` if it is corrupt (no fallback for a named step)."""
         verify_step(self.directory, step)
         return self._restore_unverified(step, target)

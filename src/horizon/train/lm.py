@@ -1,4 +1,4 @@
-"""Language-model training state and the pure, jittable train / eval steps (SPEC §8).
+"""Language-model training state and the pure, jittable train / eval steps (docs/SPEC.md §8).
 
 One step: forward over packed rows -> next-token CE on masked, same-segment targets
 (+ optional MTP self-distillation, `cfg.model.mtp_depth > 0`) -> grads -> AdamW on the

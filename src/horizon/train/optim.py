@@ -1,8 +1,8 @@
-"""AdamW with warmup + cosine decay, global-norm clipping and parameter masks (SPEC §8).
+"""AdamW with warmup + cosine decay, global-norm clipping and parameter masks (docs/SPEC.md §8).
 
 Two masks over the param tree:
 - the **trainable** mask: leaves the optimizer may touch. `router_bias` is selection-only
-  (aux-loss-free balancing updates it outside the optimizer, SPEC §1), so it gets
+  (aux-loss-free balancing updates it outside the optimizer, docs/SPEC.md §1), so it gets
   `optax.set_to_zero()` and no Adam state; with `mtp_freeze_trunk` only `mtp/` trains.
 - the **weight-decay** mask: no decay on norm gains and biases.
 """

@@ -1,4 +1,4 @@
-"""One command line for every driver: ml_collections' `--config=FILE[:ARG] --config.a.b=VALUE` (SPEC §7).
+"""One command line for every driver: ml_collections' `--config=FILE[:ARG] --config.a.b=VALUE` (docs/SPEC.md §7).
 
 Parsing is ml_collections' own `config_flags` on a fresh absl `FlagValues` per call (so a driver's
 `main(argv)` can run more than once in one process, e.g. from tests). An override must name an
@@ -112,7 +112,7 @@ def field_lines(c: ml_collections.ConfigDict, prefix: str = "config") -> list[st
 def load(argv: list[str] | None, *, default: str, validate: Callable[[ml_collections.ConfigDict], None],
          doc: str = "", prog: str = "", derive: Callable[[ml_collections.ConfigDict], None] | None = None
          ) -> ml_collections.ConfigDict:
-    """`parse`, then `derive` (fields computed from others, e.g. `hf_import.apply_init_from`), then
+    """`parse`, then `derive` (fields computed from others, e.g. `horizon.model.hf.apply_init_from`), then
     `validate`; on bad input print one line and exit 2 (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or pathlib.Path(sys.argv[0]).name

@@ -50,7 +50,7 @@ def atomic_create_bytes(path: str | os.PathLike, data: bytes) -> bool:
 class UrlDir:
     """A flat directory addressed by a local path or an fsspec URL (``file://``, ``memory://``,
     ``s3://``, ``gs://`` with their fsspec packages installed): the async runtime's group and weight
-    stores (SPEC §4.1) on whatever storage every node of a cluster sees.
+    stores (docs/SPEC.md §4.1) on whatever storage every node of a cluster sees.
 
     `write` is atomic for readers: on a local filesystem `atomic_write_bytes` (tmp + rename); on an
     object store a single PUT is (an object appears whole or not at all), so writers commit by

@@ -1,4 +1,4 @@
-"""The run's PRNG keys, derived from the config's one `seed` by one function (SPEC §7: runs are
+"""The run's PRNG keys, derived from the config's one `seed` by one function (docs/SPEC.md §7: runs are
 reproducible from their config).
 
 `run_keys(seed)` splits `jax.random.key(seed)` into one key per name of `KEY_NAMES`. With JAX's

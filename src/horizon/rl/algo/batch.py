@@ -1,4 +1,4 @@
-"""Chain-of-segments batch layout for the RL trainer (SPEC §4 "Advantages for summary chains", §6).
+"""Chain-of-segments batch layout for the RL trainer (docs/SPEC.md §4 "Advantages for summary chains", §6).
 
 Input: `groups[g]` = the G rollouts (chains, `horizon.agent.Trajectory`) of prompt g and
 `rewards[g][j]` = the scalar reward of chain (g, j) (verifier + shaping, `horizon.env.rewards`).
@@ -34,37 +34,62 @@ model token.
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
 from horizon.data.tokenizer import tokenizer_from_config
+from horizon.model import transformer
 from horizon.rl.algo import losses
 from horizon.utils.shapes import bucket
-from horizon.model import transformer
 
 # end reasons (horizon.agent.rollout) that mean "cut by a length/step limit"
 DEFAULT_TRUNCATED_REASONS = ("token_budget", "context_full", "max_steps")
+# `build_batch`'s arrays, in its dict's order (module docstring)
+BATCH_FIELDS = ("tokens", "valid", "loss_mask", "sampler_logprobs", "policy_versions", "replay_indices", "advantages",
+                "row_chain", "row_segment", "row_group", "truncated", "chain_advantages", "group_rewards",
+                "group_valid")
 
 
-def build_batch(
-    groups: Sequence[Sequence],
-    rewards: Sequence[Sequence[float]] | np.ndarray,
-    *,
-    num_moe_layers: int,
-    experts_per_tok: int,
-    std_normalize: bool = False,
-    std_unbiased: bool = True,
-    adv_std_eps: float = 1e-6,
-    min_rows: int = 8,
-    min_seq: int = 64,
-    min_groups: int = 1,
-    max_seq: int | None = None,
-    truncated_reasons: Sequence[str] = DEFAULT_TRUNCATED_REASONS,
-    pad_id: int,
-) -> dict[str, np.ndarray]:
-    """Lay out groups of chains as padded trainer rows (module docstring; SPEC §4); `pad_id` (the
-    tokenizer's) fills positions past each row's tokens."""
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """The static options of `build_batch` (docs/SPEC.md §4), built once from the config
+    (`batch_config`): the model's MoE shape for the replay indices, the tokenizer's `pad_id`, the
+    group-advantage options and the bucket minimums (R, S and Nb are powers of two at least these,
+    so the jitted step compiles once per bucket)."""
+
+    num_moe_layers: int                  # L_moe of `replay_indices`
+    experts_per_tok: int                 # k of `replay_indices`
+    pad_id: int                          # fills the token positions past each row's tokens
+    std_normalize: bool = False          # `losses.group_advantages` options
+    std_unbiased: bool = True
+    adv_std_eps: float = 1e-6
+    min_rows: int = 8                    # bucket minimums of R, S and Nb
+    min_seq: int = 64
+    min_groups: int = 1
+    max_seq: int | None = None           # refuse a longer segment (the model's context)
+    truncated_reasons: tuple[str, ...] = DEFAULT_TRUNCATED_REASONS   # end reasons flagged `truncated`
+
+    def __post_init__(self):
+        object.__setattr__(self, "num_moe_layers", int(self.num_moe_layers))
+        object.__setattr__(self, "experts_per_tok", int(self.experts_per_tok))
+        object.__setattr__(self, "truncated_reasons", tuple(self.truncated_reasons))
+
+
+def batch_config(cfg) -> BatchConfig:
+    """The `BatchConfig` of the full config (`c.model`, `c.rl`, `c.rl.batch`; pad id from its tokenizer)."""
+    m, rl = cfg.model, cfg.rl
+    return BatchConfig(
+        num_moe_layers=transformer.layer_counts(m)[1], experts_per_tok=m.num_experts_per_tok,
+        pad_id=tokenizer_from_config(cfg).pad_id,
+        std_normalize=bool(rl.std_normalize), std_unbiased=bool(rl.std_unbiased), adv_std_eps=float(rl.adv_std_eps),
+        min_rows=int(rl.batch.min_rows), min_seq=int(rl.batch.min_seq), min_groups=int(rl.batch.min_groups),
+        max_seq=int(m.max_seq_len), truncated_reasons=tuple(rl.batch.truncated_reasons))
+
+
+def _checked_rewards(groups: Sequence[Sequence], rewards) -> np.ndarray:
+    """`rewards` as a finite float32 ``[groups, G]`` array, the groups all of one size G >= 1."""
     if not groups:
         raise ValueError("need at least one group")
     G = len(groups[0])
@@ -75,8 +100,13 @@ def build_batch(
         raise ValueError(f"rewards shape {rew.shape} != (groups, group_size) = {(len(groups), G)}")
     if not np.isfinite(rew).all():
         raise ValueError("rewards must be finite")
+    return rew
 
-    segs = []  # (group, chain, segment index, Segment, truncated)
+
+def _segment_rows(groups: Sequence[Sequence], truncated_reasons: tuple[str, ...]) -> list[tuple]:
+    """One (group, chain id, segment index, Segment, truncated) per trainer row, in chain order."""
+    G = len(groups[0])
+    segs = []
     for gi, group in enumerate(groups):
         for j, traj in enumerate(group):
             if not traj.segments:
@@ -84,65 +114,86 @@ def build_batch(
             trunc = traj.end_reason in truncated_reasons
             for si, seg in enumerate(traj.segments):
                 segs.append((gi, gi * G + j, si, seg, trunc))
+    return segs
 
-    longest = max(len(s[3].tokens) for s in segs)
-    if max_seq is not None and longest > max_seq:
-        raise ValueError(f"a segment has {longest} tokens > max_seq={max_seq}")
-    R, S = bucket(len(segs), min_rows), bucket(longest, min_seq)
-    Nb = bucket(len(groups), min_groups)
-    L, k = int(num_moe_layers), int(experts_per_tok)
 
-    tokens = np.full((R, S), pad_id, np.int32)
-    valid = np.zeros((R, S), bool)
-    loss_mask = np.zeros((R, S), bool)
-    sampler_lp = np.zeros((R, S), np.float32)
-    versions = np.full((R, S), -1, np.int32)
-    replay = np.full((L, R, S, k), -1, np.int32)
-    row_chain = np.full((R,), -1, np.int32)
-    row_segment = np.zeros((R,), np.int32)
-    row_group = np.full((R,), -1, np.int32)
-    truncated = np.zeros((R,), bool)
+def _empty_rows(R: int, S: int, c: BatchConfig) -> dict[str, np.ndarray]:
+    """The row arrays of `R` x `S` padding (module docstring); replay as ``[L, R, S, k]``."""
+    L, k = c.num_moe_layers, c.experts_per_tok
+    return dict(
+        tokens=np.full((R, S), c.pad_id, np.int32), valid=np.zeros((R, S), bool), loss_mask=np.zeros((R, S), bool),
+        sampler_logprobs=np.zeros((R, S), np.float32), policy_versions=np.full((R, S), -1, np.int32),
+        replay_indices=np.full((L, R, S, k), -1, np.int32), row_chain=np.full((R,), -1, np.int32),
+        row_segment=np.zeros((R,), np.int32), row_group=np.full((R,), -1, np.int32),
+        truncated=np.zeros((R,), bool))
 
-    for r, (gi, ci, si, seg, trunc) in enumerate(segs):
-        toks = np.asarray(seg.tokens, np.int32).reshape(-1)
-        n = len(toks)
-        mask = np.asarray(seg.loss_mask, bool).reshape(-1)
-        lps = np.asarray(seg.logprobs, np.float32).reshape(-1)
-        if mask.shape != (n,) or lps.shape != (n,):
-            raise ValueError(f"segment {si} of chain {ci}: loss_mask/logprobs not aligned to {n} tokens")
-        if n and mask[0]:
-            raise ValueError(f"segment {si} of chain {ci}: token 0 cannot be model-generated (no context)")
-        tokens[r, :n] = toks
-        valid[r, :n] = True
-        loss_mask[r, :n] = mask
-        sampler_lp[r, :n] = np.where(mask, lps, 0.0)
-        if seg.policy_versions is not None:
-            versions[r, :n] = np.where(mask, np.asarray(seg.policy_versions, np.int32).reshape(-1), -1)
-        if seg.router_indices is not None and L > 0:
-            ri = np.asarray(seg.router_indices, np.int32)
-            if ri.shape != (L, n, k):
-                raise ValueError(f"segment {si} of chain {ci}: router_indices shape {ri.shape} != {(L, n, k)}")
-            replay[:, r, :n] = ri
-        row_chain[r], row_segment[r], row_group[r], truncated[r] = ci, si, gi, trunc
 
-    chain_adv = np.asarray(losses.group_advantages(rew, std_normalize=std_normalize, std_unbiased=std_unbiased,
-                                                   eps=adv_std_eps),
+def _fill_row(out: dict[str, np.ndarray], r: int, row: tuple, c: BatchConfig) -> None:
+    """Write segment row `row` (`_segment_rows`) into row `r` of `out` (`_empty_rows`), checking
+    its per-token arrays are aligned to its tokens."""
+    gi, ci, si, seg, trunc = row
+    L, k = c.num_moe_layers, c.experts_per_tok
+    toks = np.asarray(seg.tokens, np.int32).reshape(-1)
+    n = len(toks)
+    mask = np.asarray(seg.loss_mask, bool).reshape(-1)
+    lps = np.asarray(seg.logprobs, np.float32).reshape(-1)
+    if mask.shape != (n,) or lps.shape != (n,):
+        raise ValueError(f"segment {si} of chain {ci}: loss_mask/logprobs not aligned to {n} tokens")
+    if n and mask[0]:
+        raise ValueError(f"segment {si} of chain {ci}: token 0 cannot be model-generated (no context)")
+    out["tokens"][r, :n] = toks
+    out["valid"][r, :n] = True
+    out["loss_mask"][r, :n] = mask
+    out["sampler_logprobs"][r, :n] = np.where(mask, lps, 0.0)
+    if seg.policy_versions is not None:
+        out["policy_versions"][r, :n] = np.where(mask, np.asarray(seg.policy_versions, np.int32).reshape(-1), -1)
+    if seg.router_indices is not None and L > 0:
+        ri = np.asarray(seg.router_indices, np.int32)
+        if ri.shape != (L, n, k):
+            raise ValueError(f"segment {si} of chain {ci}: router_indices shape {ri.shape} != {(L, n, k)}")
+        out["replay_indices"][:, r, :n] = ri
+    out["row_chain"][r], out["row_segment"][r], out["row_group"][r], out["truncated"][r] = ci, si, gi, trunc
+
+
+def _advantage_fields(rew: np.ndarray, row_chain: np.ndarray, Nb: int, c: BatchConfig) -> dict[str, np.ndarray]:
+    """The per-row advantages and the group-level arrays (padded to `Nb` groups) of rewards
+    ``[groups, G]``: Dr.GRPO chain advantages per prompt, broadcast to each chain's rows."""
+    G = rew.shape[1]
+    chain_adv = np.asarray(losses.group_advantages(rew, std_normalize=c.std_normalize, std_unbiased=c.std_unbiased,
+                                                   eps=c.adv_std_eps),
                            np.float32).reshape(-1)
     advantages = np.asarray(losses.broadcast_chain_advantages(chain_adv, row_chain), np.float32)
     group_rewards = np.zeros((Nb, G), np.float32)
-    group_rewards[: len(groups)] = rew
+    group_rewards[: len(rew)] = rew
     group_valid = np.zeros((Nb,), bool)
-    group_valid[: len(groups)] = True
+    group_valid[: len(rew)] = True
     chain_adv_b = np.zeros((Nb * G,), np.float32)
     chain_adv_b[: chain_adv.size] = chain_adv
+    return dict(advantages=advantages, chain_advantages=chain_adv_b, group_rewards=group_rewards,
+                group_valid=group_valid)
 
-    return dict(
-        tokens=tokens, valid=valid, loss_mask=loss_mask, sampler_logprobs=sampler_lp,
-        policy_versions=versions, replay_indices=replay.reshape(L, R * S, k),
-        advantages=advantages, row_chain=row_chain, row_segment=row_segment, row_group=row_group,
-        truncated=truncated, chain_advantages=chain_adv_b, group_rewards=group_rewards,
-        group_valid=group_valid,
-    )
+
+def build_batch(
+    groups: Sequence[Sequence],
+    rewards: Sequence[Sequence[float]] | np.ndarray,
+    config: BatchConfig,
+) -> dict[str, np.ndarray]:
+    """Lay out groups of chains as padded trainer rows (module docstring; docs/SPEC.md §4), with
+    the shapes and advantage options of `config`."""
+    rew = _checked_rewards(groups, rewards)
+    segs = _segment_rows(groups, config.truncated_reasons)
+    longest = max(len(s[3].tokens) for s in segs)
+    if config.max_seq is not None and longest > config.max_seq:
+        raise ValueError(f"a segment has {longest} tokens > max_seq={config.max_seq}")
+    R, S = bucket(len(segs), config.min_rows), bucket(longest, config.min_seq)
+    Nb = bucket(len(groups), config.min_groups)
+    out = _empty_rows(R, S, config)
+    for r, row in enumerate(segs):
+        _fill_row(out, r, row, config)
+    L, k = config.num_moe_layers, config.experts_per_tok
+    out["replay_indices"] = out["replay_indices"].reshape(L, R * S, k)
+    out.update(_advantage_fields(rew, out["row_chain"], Nb, config))
+    return {name: out[name] for name in BATCH_FIELDS}
 
 
 # per-row fields (leading axis = rows; `replay_indices` is [L, R*S, k]) and their padding-row values
@@ -225,7 +276,8 @@ def permute_rows(batch: dict[str, np.ndarray], order: np.ndarray) -> dict[str, n
     out = dict(batch)
     for name in ROW_FIELDS:
         x = np.asarray(batch[name])
-        out[name] = np.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - order.ndim)), axis=order.ndim - 1)
+        idx = order.reshape(order.shape + (1,) * (x.ndim - order.ndim))
+        out[name] = np.take_along_axis(x, idx, axis=order.ndim - 1)
     rep = np.asarray(batch["replay_indices"])
     R, S = batch["tokens"].shape[-2:]
     if split:
@@ -239,17 +291,12 @@ def permute_rows(batch: dict[str, np.ndarray], order: np.ndarray) -> dict[str, n
 
 
 def build_batch_from_config(groups, rewards, cfg) -> dict[str, np.ndarray]:
-    """`build_batch` with shapes/options from the full config (`c.model`, `c.rl`, `c.rl.batch`);
+    """`build_batch` with `batch_config(cfg)` (the full config: `c.model`, `c.rl`, `c.rl.batch`);
     split into micro-batches of `rl.batch.micro_rows` rows when that is > 0."""
-    m, rl = cfg.model, cfg.rl
-    pad = tokenizer_from_config(cfg).pad_id
-    b = build_batch(
-        groups, rewards, num_moe_layers=transformer.layer_counts(m)[1], experts_per_tok=m.num_experts_per_tok,
-        std_normalize=bool(rl.std_normalize), std_unbiased=bool(rl.std_unbiased), adv_std_eps=float(rl.adv_std_eps),
-        min_rows=int(rl.batch.min_rows), min_seq=int(rl.batch.min_seq), min_groups=int(rl.batch.min_groups),
-        max_seq=int(m.max_seq_len), truncated_reasons=tuple(rl.batch.truncated_reasons), pad_id=pad)
-    micro = int(rl.batch.get("micro_rows", 0) or 0)
-    return split_microbatches(b, micro, pad_id=pad) if micro > 0 else b
+    c = batch_config(cfg)
+    b = build_batch(groups, rewards, c)
+    micro = int(cfg.rl.batch.get("micro_rows", 0) or 0)
+    return split_microbatches(b, micro, pad_id=c.pad_id) if micro > 0 else b
 
 
 def batch_stats(batch: dict[str, np.ndarray]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""RL losses: group advantages, Dr.GRPO policy gradient, KL(q||p) estimators (SPEC §4).
+"""RL losses: group advantages, Dr.GRPO policy gradient, KL(q||p) estimators (docs/SPEC.md §4).
 
 Conventions (used everywhere in this module):
 
@@ -11,7 +11,7 @@ Conventions (used everywhere in this module):
   ``k1 = -log r``, ``k2 = 0.5 (log r)^2``, ``k3 = (r - 1) - log r``.
   Under ``x ~ q``: ``E[k1] = E[k3] = KL(q||p)`` (unbiased values), ``k2`` is biased.
 
-How the KL enters the gradient (``kl_mode``; SPEC §4 caveat). For sequences
+How the KL enters the gradient (``kl_mode``; docs/SPEC.md §4 caveat). For sequences
 ``y = (y_1..y_T) ~ q`` the exact gradient of the sequence-level KL is
 ``∇KL = E[ Σ_t ∇log q(y_t|y_<t) · Σ_{t'>=t} k1_{t'} ]`` (score function with causal
 reward-to-go; the pathwise part ``E[Σ_t ∇k1_t] = E[Σ_t ∇log q_t] = 0`` is dropped).
@@ -39,14 +39,14 @@ Loss aggregation (``agg``), with per-token surrogate ``s_it`` and valid mask ``m
 * ``"seq_mean"`` (GRPO ablation): ``-(1/#nonempty rows) Σ_i (Σ_t m_it s_it / Σ_t m_it)``.
 * ``"token_mean"`` (DAPO ablation): ``-Σ_i Σ_t m_it s_it / Σ_i Σ_t m_it``.
 
-Stale-token corrections (issue 23, item 4; all off by default). Tokens sampled by older policy
-versions (in-flight weight updates, a staleness bound > 0) or by a sampler whose numerics differ
-from the trainer's make ``r = exp(logprobs - sampler_logprobs)`` drift from 1. Each correction
-reads the *detached* ``log r`` of the loss tokens and has one cap ``c > 1`` (0 = off):
+Stale-token corrections (all off by default). Tokens sampled by older policy versions (in-flight
+weight updates, a staleness bound > 0) or by a sampler whose numerics differ from the trainer's
+make ``r = exp(logprobs - sampler_logprobs)`` drift from 1. Each correction reads the *detached*
+``log r`` of the loss tokens and has one cap ``c > 1`` (0 = off):
 
 * truncated importance sampling (``tis_cap``, `tis_weight`; verl's ``tis_imp_ratio_cap``): the
   token's importance weight becomes ``w = min(r, c)`` (detached), i.e. its gradient is
-  ``w · A_t · ∇log q`` — the untruncated ``r`` of today's surrogate is *replaced* by ``w``, not
+  ``w · A_t · ∇log q`` — the untruncated ``r`` of the plain surrogate is *replaced* by ``w``, not
   multiplied by it (``r · min(r, c)`` would count the ratio twice);
 * token masking (``token_mask_cap``, `token_ratio_mask`): a token with ``r`` outside
   ``[1/c, c]`` gets no policy-gradient loss;
@@ -65,6 +65,7 @@ counts) stays exact.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -72,10 +73,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from horizon.utils.config import need, need_choice, need_float
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_MODES = ("reward", "reward_token", "loss")
 LOSS_AGGS = ("token_sum", "seq_mean", "token_mean")
-STALE_CAPS = ("tis_cap", "token_mask_cap", "seq_mask_cap")   # `rl.stale` fields = policy_gradient_loss kwargs
+STALE_CAPS = ("tis_cap", "token_mask_cap", "seq_mask_cap")   # `rl.stale` fields = `LossConfig` fields
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -92,7 +95,7 @@ def mean_group_max(x: Float[Array, "groups k"], valid: Float[Array, " groups"] |
 
 def group_std(grouped: Float[Array, "groups k"], *, unbiased: bool = True) -> Float[Array, "groups 1"]:
     """Per-group std ``sqrt(Σ (x - mean)^2 / (k - ddof))`` with Bessel's ``ddof = 1`` when `unbiased`
-    (``torch.std``'s default, hence verl's and TRL's GRPO), else the population ``ddof = 0`` (issue 22).
+    (``torch.std``'s default, hence verl's and TRL's GRPO), else the population ``ddof = 0``.
     A group of one has std 0 either way (no division by ``k - ddof = 0``)."""
     k = grouped.shape[1]
     ddof = int(unbiased)
@@ -101,14 +104,14 @@ def group_std(grouped: Float[Array, "groups k"], *, unbiased: bool = True) -> Fl
 
 
 def group_advantages(
-    rewards: Float[Array, "n"] | Float[Array, "groups group_size"],
+    rewards: Float[Array, " n"] | Float[Array, "groups group_size"],
     *,
     group_size: int | None = None,
     std_normalize: bool = False,
     std_unbiased: bool = True,
     eps: float = 1e-6,
-) -> Float[Array, "n"] | Float[Array, "groups group_size"]:
-    """Reward minus its group mean (SPEC §4, Dr.GRPO); same shape as ``rewards``.
+) -> Float[Array, " n"] | Float[Array, "groups group_size"]:
+    """Reward minus its group mean (docs/SPEC.md §4, Dr.GRPO); same shape as ``rewards``.
 
     ``rewards`` is ``[groups, group_size]`` or flat ``[groups*group_size]`` (consecutive
     entries form a group; then ``group_size`` is required). ``std_normalize`` divides by
@@ -140,9 +143,9 @@ def group_advantages(
 
 
 def broadcast_chain_advantages(
-    chain_adv: Float[Array, "chains"], row_chain_index: Int[Array, "rows"]
-) -> Float[Array, "rows"]:
-    """Give every segment row of a summary chain its chain's advantage (SPEC §4, §6).
+    chain_adv: Float[Array, " chains"], row_chain_index: Int[Array, " rows"]
+) -> Float[Array, " rows"]:
+    """Give every segment row of a summary chain its chain's advantage (docs/SPEC.md §4, §6).
 
     A chain (generations joined by self-summaries) has one reward; its advantage is
     computed per prompt over whole chains (``group_advantages`` on chain rewards). Each
@@ -168,7 +171,7 @@ def broadcast_chain_advantages(
 def kl_estimate(
     logq: Float[Array, "*shape"], logp: Float[Array, "*shape"], estimator: str = "k1"
 ) -> Float[Array, "*shape"]:
-    """Per-sample estimator of KL(q||p) for samples x ~ q, r = p/q (SPEC §4).
+    """Per-sample estimator of KL(q||p) for samples x ~ q, r = p/q (docs/SPEC.md §4).
 
     ``k1 = -log r`` (unbiased, the report's choice), ``k2 = ½(log r)²`` (biased, low
     variance), ``k3 = (r-1) - log r`` (unbiased, low variance only while p ≈ q; its
@@ -190,13 +193,13 @@ def _reverse_cumsum(x: Float[Array, "rows seq"]) -> Float[Array, "rows seq"]:
 
 
 def later_segments_sum(
-    row_values: Float[Array, "rows"],
-    row_chain_index: Int[Array, "rows"],
-    row_segment_index: Int[Array, "rows"],
-) -> Float[Array, "rows"]:
+    row_values: Float[Array, " rows"],
+    row_chain_index: Int[Array, " rows"],
+    row_segment_index: Int[Array, " rows"],
+) -> Float[Array, " rows"]:
     """For each row, the sum of ``row_values`` over later segments of the same chain.
 
-    Used for the KL reward-to-go across summary-chain segments (SPEC §4): tokens of an
+    Used for the KL reward-to-go across summary-chain segments (docs/SPEC.md §4): tokens of an
     early segment influence every later segment, so they are charged the later KL too.
     Rows with chain index ``-1`` (padding) get and contribute 0. O(rows²) mask — rows per
     step are small (thousands at most).
@@ -215,7 +218,7 @@ def aggregate(
     *,
     token_sum_norm: float | None = None,
 ) -> Float[Array, ""]:
-    """Reduce per-token values to a scalar (definitions in the module docstring, SPEC §4)."""
+    """Reduce per-token values to a scalar (definitions in the module docstring, docs/SPEC.md §4)."""
     mask = mask.astype(values.dtype)
     if agg == "token_sum":
         norm = values.shape[0] if not token_sum_norm else token_sum_norm
@@ -232,9 +235,9 @@ def aggregate(
     raise ValueError(f"unknown loss_agg {agg!r}; choose from {LOSS_AGGS}")
 
 
-# ----------------------------------------------------------------------------- stale tokens (issue 23)
+# ----------------------------------------------------------------------------- stale tokens
 def check_stale_cap(name: str, cap: float | None) -> float:
-    """A stale-token cap as a float: 0 (or None) = off, else it must be > 1 (issue 23, item 4)."""
+    """A stale-token cap as a float: 0 (or None) = off, else it must be > 1."""
     c = float(cap or 0.0)
     if c != 0.0 and not c > 1.0:
         raise ValueError(f"{name} must be 0 (off) or > 1, got {cap}")
@@ -244,7 +247,7 @@ def check_stale_cap(name: str, cap: float | None) -> float:
 def tis_weight(
     log_ratio: Float[Array, "rows seq"], cap: float
 ) -> tuple[Float[Array, "rows seq"], Bool[Array, "rows seq"]]:
-    """Truncated importance sampling (issue 23, item 4; verl ``tis_imp_ratio_cap``): the detached
+    """Truncated importance sampling (verl's ``tis_imp_ratio_cap``): the detached
     per-token weight ``min(exp(log_ratio), cap)`` and where it was capped (``ratio > cap``).
     ``log_ratio = logprobs - sampler_logprobs``; computed in log space (no overflow)."""
     lr = jax.lax.stop_gradient(log_ratio)
@@ -253,7 +256,7 @@ def tis_weight(
 
 
 def token_ratio_mask(log_ratio: Float[Array, "rows seq"], cap: float) -> Bool[Array, "rows seq"]:
-    """Token masking (issue 23, item 4): True where the token's ratio ``exp(log_ratio)`` lies in
+    """Token masking: True where the token's ratio ``exp(log_ratio)`` lies in
     ``[1/cap, cap]`` (kept), False where it leaves the band (no policy-gradient loss)."""
     log_c = math.log(check_stale_cap("token_mask_cap", cap))
     return jnp.abs(jax.lax.stop_gradient(log_ratio)) <= log_c
@@ -262,7 +265,7 @@ def token_ratio_mask(log_ratio: Float[Array, "rows seq"], cap: float) -> Bool[Ar
 def sequence_ratio_mask(
     log_ratio: Float[Array, "rows seq"], mask: Float[Array, "rows seq"], cap: float
 ) -> Bool[Array, " rows"]:
-    """Sequence masking (issue 23, item 4): True for a row (one sequence / chain segment) whose
+    """Sequence masking: True for a row (one sequence / chain segment) whose
     geometric-mean ratio ``exp(Σ_t m_t log_ratio_t / Σ_t m_t)`` over its loss tokens lies in
     ``[1/cap, cap]``; False = the row is dropped from the policy-gradient loss. A row without loss
     tokens has mean 0 (kept; it contributes nothing anyway)."""
@@ -272,55 +275,83 @@ def sequence_ratio_mask(
     return jnp.abs(mean) <= log_c
 
 
+# ----------------------------------------------------------------------------- loss config
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """The static options of `policy_gradient_loss` (docs/SPEC.md §4; module docstring): one frozen,
+    hashable value built once from the config (`loss_config`), so the jitted step that closes over
+    it compiles once per config. Checked on construction (ValueError); the stale-token caps are
+    stored as floats (None = 0 = off)."""
+
+    agg: str = "token_sum"                    # "token_sum" | "seq_mean" | "token_mean"
+    token_sum_norm: float | None = None       # "token_sum" divisor; None / 0 = the number of rows
+    clip_eps: float | None = None             # PPO ratio clip; None / 0 = off
+    overlong_mask: bool = False               # drop the rows flagged `truncated`
+    kl_coef: float = 0.0                      # β; 0 = no KL
+    kl_estimator: str = "k1"                  # `KL_ESTIMATORS`
+    kl_mode: str = "reward"                   # `KL_MODES`
+    tis_cap: float | None = 0.0               # stale-token caps (`STALE_CAPS`): 0 = off, else > 1
+    token_mask_cap: float | None = 0.0
+    seq_mask_cap: float | None = 0.0
+
+    def __post_init__(self):
+        if self.agg not in LOSS_AGGS:
+            raise ValueError(f"unknown loss_agg {self.agg!r}; choose from {LOSS_AGGS}")
+        if self.kl_mode not in KL_MODES:
+            raise ValueError(f"unknown kl_mode {self.kl_mode!r}; choose from {KL_MODES}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown kl_estimator {self.kl_estimator!r}; choose from {KL_ESTIMATORS}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.clip_eps is not None and self.clip_eps < 0:
+            raise ValueError(f"clip_eps must be >= 0 or None, got {self.clip_eps}")
+        for name in STALE_CAPS:
+            object.__setattr__(self, name, check_stale_cap(name, getattr(self, name)))
+
+
+def loss_config(rl_cfg) -> LossConfig:
+    """The `LossConfig` of the ``c.rl`` config section (configs/rl_tiny.py; caps from ``rl.stale``)."""
+    return LossConfig(
+        agg=rl_cfg.loss_agg,
+        token_sum_norm=rl_cfg.token_sum_norm or None,
+        clip_eps=rl_cfg.clip_eps or None,
+        overlong_mask=bool(rl_cfg.overlong_mask),
+        kl_coef=float(rl_cfg.kl_coef),
+        kl_estimator=rl_cfg.kl_estimator,
+        kl_mode=rl_cfg.kl_mode,
+        **{k: float(rl_cfg.stale[k]) for k in STALE_CAPS},
+    )
+
+
+def validate_loss_config(rl_cfg) -> None:
+    """The loss fields of the ``c.rl`` config section, as one `ConfigError` line each (the RL
+    drivers' config check, `horizon.rl.runtime.checks.validate_rl`)."""
+    r = rl_cfg
+    need_choice(r, "loss_agg", "rl", LOSS_AGGS)
+    need_float(r, "token_sum_norm", "rl", 0.0)
+    if r.clip_eps is not None:
+        need_float(r, "clip_eps", "rl", 0.0)
+    need_float(r, "kl_coef", "rl", 0.0)
+    need_choice(r, "kl_estimator", "rl", KL_ESTIMATORS)
+    need_choice(r, "kl_mode", "rl", KL_MODES)
+    for k in STALE_CAPS:              # 0 = off, else a ratio cap > 1
+        v = need_float(r.stale, k, "rl.stale", 0.0)
+        need(v == 0.0 or v > 1.0, f"rl.stale.{k}", r.stale[k], "must be 0 (off) or > 1 (a cap on the ratio)")
+
+
 # ----------------------------------------------------------------------------- policy gradient
-def policy_gradient_loss(
+def _check_inputs(
     logprobs: Float[Array, "rows seq"],
     sampler_logprobs: Float[Array, "rows seq"],
-    advantages: Float[Array, "rows"],
+    advantages: Float[Array, " rows"],
     mask: Bool[Array, "rows seq"] | Float[Array, "rows seq"],
-    *,
-    agg: str = "token_sum",
-    token_sum_norm: float | None = None,
-    clip_eps: float | None = None,
-    truncated: Bool[Array, "rows"] | None = None,
-    overlong_mask: bool = False,
-    ref_logprobs: Float[Array, "rows seq"] | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k1",
-    kl_mode: str = "reward",
-    row_chain_index: Int[Array, "rows"] | None = None,
-    row_segment_index: Int[Array, "rows"] | None = None,
-    tis_cap: float | None = 0.0,
-    token_mask_cap: float | None = 0.0,
-    seq_mask_cap: float | None = 0.0,
-) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
-    """Dr.GRPO policy-gradient loss with importance ratio, optional clipping and KL (SPEC §4).
-
-    Per token: ``ratio = exp(logprobs - stopgrad(sampler_logprobs))`` (trainer vs the
-    sampler's own log-probs, so in-flight/mixed-version rollouts are corrected),
-    surrogate ``s = ratio · A_t`` or, with ``clip_eps > 0``, the PPO form
-    ``min(ratio·A_t, clip(ratio, 1-ε, 1+ε)·A_t)``. ``A_t`` is the row advantage, minus
-    the detached KL penalty in the ``"reward*"`` KL modes (module docstring). Loss is
-    ``-aggregate(s)``, plus ``β·aggregate(k)`` in KL ``"loss"`` mode.
-
-    ``mask`` marks trained (model-generated) tokens. With ``overlong_mask`` the rows
-    flagged ``truncated`` are dropped (ablation; the report does not mask, default off).
-    ``row_chain_index``/``row_segment_index`` (optional) extend the KL reward-to-go
-    across later segments of the same summary chain.
-
-    Stale-token corrections (issue 23, item 4; module docstring; each a cap ``c > 1``, 0 / None =
-    off, the default, which is exactly the computation without them): ``tis_cap`` truncates the
-    importance weight to ``min(r, c)`` (detached; composed with the PPO clip, the clip decides
-    which tokens get a gradient and the weight scales those that do), ``token_mask_cap`` and
-    ``seq_mask_cap`` drop the surrogate of tokens / rows whose ratio (geometric mean per row)
-    leaves ``[1/c, c]``; masked tokens keep their place in the aggregation's denominator.
-
-    Returns ``(loss, metrics)``; metrics are scalars (detached), including
-    ``stale/masked_token_fraction`` (loss tokens dropped by either mask),
-    ``stale/tis_clipped_fraction`` (loss tokens whose TIS weight was capped) and
-    ``stale/mean_ratio`` (mean ``r`` over the loss tokens, as ``ratio_mean``), logged whether or
-    not a correction is on (0, 0 and the mean ratio when off).
-    """
+    config: LossConfig,
+    truncated: Bool[Array, " rows"] | None,
+    ref_logprobs: Float[Array, "rows seq"] | None,
+    row_chain_index: Int[Array, " rows"] | None,
+    row_segment_index: Int[Array, " rows"] | None,
+) -> None:
+    """Shape and presence checks of `policy_gradient_loss`'s arrays against `config` (ValueError)."""
     if logprobs.ndim != 2:
         raise ValueError(f"logprobs must be [rows, seq], got {logprobs.shape}")
     for name, x in (("sampler_logprobs", sampler_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
@@ -328,79 +359,108 @@ def policy_gradient_loss(
             raise ValueError(f"{name} shape {x.shape} != logprobs shape {logprobs.shape}")
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"advantages must be [rows]={logprobs.shape[:1]}, got {advantages.shape}")
-    if agg not in LOSS_AGGS:
-        raise ValueError(f"unknown loss_agg {agg!r}; choose from {LOSS_AGGS}")
-    if kl_mode not in KL_MODES:
-        raise ValueError(f"unknown kl_mode {kl_mode!r}; choose from {KL_MODES}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_estimator {kl_estimator!r}; choose from {KL_ESTIMATORS}")
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-    if kl_coef > 0 and ref_logprobs is None:
+    if config.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
-    if clip_eps is not None and clip_eps < 0:
-        raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps}")
     if (row_chain_index is None) != (row_segment_index is None):
         raise ValueError("give both row_chain_index and row_segment_index, or neither")
-    tis_cap, token_mask_cap, seq_mask_cap = (check_stale_cap(n, c) for n, c in zip(
-        STALE_CAPS, (tis_cap, token_mask_cap, seq_mask_cap)))
-
-    m = mask.astype(jnp.float32)
-    if overlong_mask:
+    if config.overlong_mask:
         if truncated is None:
             raise ValueError("overlong_mask=True needs the per-row `truncated` flags")
         if truncated.shape != logprobs.shape[:1]:
             raise ValueError(f"truncated must be [rows], got {truncated.shape}")
-        m = m * (~truncated.astype(bool))[:, None].astype(jnp.float32)
-    valid = m > 0
 
+
+def _ratios(
+    logprobs: Float[Array, "rows seq"],
+    sampler_logprobs: Float[Array, "rows seq"],
+    m: Float[Array, "rows seq"],
+    valid: Bool[Array, "rows seq"],
+    config: LossConfig,
+) -> tuple[Float[Array, "rows seq"], Float[Array, "rows seq"], Bool[Array, "rows seq"] | Bool[Array, "rows 1"] | None,
+           Float[Array, "rows seq"]]:
+    """(``log r``, ``r``, the tokens the stale-token masks keep in the loss or None with both masks
+    off, the surrogate's ratio: ``r``, or 1 at a masked token) of the loss tokens (0 / 1 elsewhere)."""
     log_ratio = jnp.where(valid, logprobs - jax.lax.stop_gradient(sampler_logprobs), 0.0)
     ratio = jnp.exp(log_ratio)
-    keep = None                                   # stale-token masks (issue 23): tokens kept in the PG loss
-    if token_mask_cap:
-        keep = token_ratio_mask(log_ratio, token_mask_cap)
-    if seq_mask_cap:
-        rows_in = sequence_ratio_mask(log_ratio, m, seq_mask_cap)[:, None]
+    keep = None
+    if config.token_mask_cap:
+        keep = token_ratio_mask(log_ratio, config.token_mask_cap)
+    if config.seq_mask_cap:
+        rows_in = sequence_ratio_mask(log_ratio, m, config.seq_mask_cap)[:, None]
         keep = rows_in if keep is None else keep & rows_in
-    # the surrogate's ratio: a masked token's is 1 (its surrogate is zeroed below; an overflowing
-    # exp there would turn the zero gradient into 0 * inf = NaN)
+    # a masked token's surrogate is zeroed later; an overflowing exp there would turn its zero
+    # gradient into 0 * inf = NaN
     ratio_s = ratio if keep is None else jnp.exp(jnp.where(keep, log_ratio, 0.0))
+    return log_ratio, ratio, keep, ratio_s
 
-    adv = jnp.broadcast_to(advantages.astype(jnp.float32)[:, None], logprobs.shape)
-    metrics: dict[str, Any] = {}
-    kl_loss = jnp.zeros((), jnp.float32)
-    if ref_logprobs is not None:
-        lq = jnp.where(valid, logprobs, 0.0)
-        lp = jnp.where(valid, ref_logprobs, 0.0)
-        k = kl_estimate(lq, lp, kl_estimator) * m
-        k_det = jax.lax.stop_gradient(k)
-        for name in KL_ESTIMATORS:  # monitoring: mean per valid token
-            metrics[f"kl_{name}"] = jax.lax.stop_gradient(
-                jnp.sum(kl_estimate(lq, lp, name) * m) / jnp.maximum(m.sum(), 1.0))
-        if kl_coef > 0:
-            if kl_mode == "reward":
-                pen = _reverse_cumsum(k_det)
-                if row_chain_index is not None:
-                    pen = pen + later_segments_sum(k_det.sum(axis=1), row_chain_index, row_segment_index)[:, None]
-                adv = adv - kl_coef * pen
-            elif kl_mode == "reward_token":
-                pen = k_det
-                adv = adv - kl_coef * pen
-            else:  # "loss": naive differentiable term (biased gradient for k1/k3)
-                pen = jnp.zeros_like(k_det)
-                kl_loss = kl_coef * aggregate(k, m, agg, token_sum_norm=token_sum_norm)
-            metrics["kl_penalty_mean"] = jnp.sum(pen * m) / jnp.maximum(m.sum(), 1.0)
 
+def _kl_penalty(
+    logprobs: Float[Array, "rows seq"],
+    ref_logprobs: Float[Array, "rows seq"],
+    adv: Float[Array, "rows seq"],
+    m: Float[Array, "rows seq"],
+    valid: Bool[Array, "rows seq"],
+    config: LossConfig,
+    row_chain_index: Int[Array, " rows"] | None,
+    row_segment_index: Int[Array, " rows"] | None,
+) -> tuple[Float[Array, "rows seq"], Float[Array, ""] | None, dict[str, Any]]:
+    """The KL's part of the loss (module docstring, ``kl_mode``): (per-token advantage less the
+    detached penalty in the ``"reward*"`` modes, the ``"loss"``-mode term or None, KL metrics)."""
+    lq = jnp.where(valid, logprobs, 0.0)
+    lp = jnp.where(valid, ref_logprobs, 0.0)
+    k = kl_estimate(lq, lp, config.kl_estimator) * m
+    k_det = jax.lax.stop_gradient(k)
+    metrics = {}
+    for name in KL_ESTIMATORS:  # monitoring: mean per valid token
+        metrics[f"kl_{name}"] = jax.lax.stop_gradient(
+            jnp.sum(kl_estimate(lq, lp, name) * m) / jnp.maximum(m.sum(), 1.0))
+    kl_loss = None
+    if config.kl_coef > 0:
+        if config.kl_mode == "reward":
+            pen = _reverse_cumsum(k_det)
+            if row_chain_index is not None:
+                pen = pen + later_segments_sum(k_det.sum(axis=1), row_chain_index, row_segment_index)[:, None]
+            adv = adv - config.kl_coef * pen
+        elif config.kl_mode == "reward_token":
+            pen = k_det
+            adv = adv - config.kl_coef * pen
+        else:  # "loss": naive differentiable term (biased gradient for k1/k3)
+            pen = jnp.zeros_like(k_det)
+            kl_loss = config.kl_coef * aggregate(k, m, config.agg, token_sum_norm=config.token_sum_norm)
+        metrics["kl_penalty_mean"] = jnp.sum(pen * m) / jnp.maximum(m.sum(), 1.0)
+    return adv, kl_loss, metrics
+
+
+def _clipped_surrogate(
+    ratio_s: Float[Array, "rows seq"],
+    ratio: Float[Array, "rows seq"],
+    adv: Float[Array, "rows seq"],
+    m: Float[Array, "rows seq"],
+    clip_eps: float | None,
+) -> tuple[Float[Array, "rows seq"], Float[Array, ""]]:
+    """(per-token surrogate ``ratio_s · A_t``, PPO-clipped with `clip_eps`, and the fraction of
+    loss tokens where the clip binds, judged on the unmasked `ratio`)."""
     surr = ratio_s * adv
-    if clip_eps:
-        clipped = jnp.clip(ratio_s, 1.0 - clip_eps, 1.0 + clip_eps) * adv
-        surr = jnp.minimum(surr, clipped)
-        binds = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
-        metrics["clip_frac"] = jnp.sum(binds * m) / jnp.maximum(m.sum(), 1.0)
-    else:
-        metrics["clip_frac"] = jnp.zeros((), jnp.float32)
+    if not clip_eps:
+        return surr, jnp.zeros((), jnp.float32)
+    clipped = jnp.clip(ratio_s, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    surr = jnp.minimum(surr, clipped)
+    binds = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
+    return surr, jnp.sum(binds * m) / jnp.maximum(m.sum(), 1.0)
+
+
+def _stale_corrections(
+    surr: Float[Array, "rows seq"],
+    log_ratio: Float[Array, "rows seq"],
+    ratio: Float[Array, "rows seq"],
+    m: Float[Array, "rows seq"],
+    keep: Bool[Array, "rows seq"] | Bool[Array, "rows 1"] | None,
+    tis_cap: float,
+) -> tuple[Float[Array, "rows seq"], dict[str, Float[Array, ""]]]:
+    """`surr` with the TIS weight and the stale-token masks applied (module docstring), and the
+    ``stale/*`` metrics (logged whether or not a correction is on)."""
     n_loss = jnp.maximum(m.sum(), 1.0)
-    capped = jnp.zeros_like(valid)
+    capped = jnp.zeros_like(m, dtype=bool)
     if tis_cap:
         # weight w = min(r, c) *replaces* the untruncated r: s * sg(w / r), w / r = exp(min(0, log c - log r));
         # value w·A_t, gradient w·A_t·∇log q (a clip-bound token keeps its zero gradient)
@@ -408,12 +468,61 @@ def policy_gradient_loss(
         surr = surr * jnp.exp(jnp.minimum(0.0, math.log(tis_cap) - jax.lax.stop_gradient(log_ratio)))
     if keep is not None:
         surr = jnp.where(keep, surr, 0.0)         # 0 in the sum, still in the denominator (module docstring)
-    metrics["stale/masked_token_fraction"] = (
-        jnp.zeros((), jnp.float32) if keep is None else jnp.sum(jnp.where(keep, 0.0, m)) / n_loss)
-    metrics["stale/tis_clipped_fraction"] = jnp.sum(capped * m) / n_loss
-    metrics["stale/mean_ratio"] = jnp.sum(ratio * m) / n_loss
+    metrics = {
+        "stale/masked_token_fraction":
+            jnp.zeros((), jnp.float32) if keep is None else jnp.sum(jnp.where(keep, 0.0, m)) / n_loss,
+        "stale/tis_clipped_fraction": jnp.sum(capped * m) / n_loss,
+        "stale/mean_ratio": jnp.sum(ratio * m) / n_loss,
+    }
+    return surr, metrics
 
-    pg_loss = -aggregate(surr, m, agg, token_sum_norm=token_sum_norm)
+
+def policy_gradient_loss(
+    logprobs: Float[Array, "rows seq"],
+    sampler_logprobs: Float[Array, "rows seq"],
+    advantages: Float[Array, " rows"],
+    mask: Bool[Array, "rows seq"] | Float[Array, "rows seq"],
+    config: LossConfig = LossConfig(),
+    *,
+    truncated: Bool[Array, " rows"] | None = None,
+    ref_logprobs: Float[Array, "rows seq"] | None = None,
+    row_chain_index: Int[Array, " rows"] | None = None,
+    row_segment_index: Int[Array, " rows"] | None = None,
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    """Dr.GRPO policy-gradient loss with importance ratio, optional PPO clip, KL and stale-token
+    corrections, as `config` sets them (docs/SPEC.md §4; the formulas are in the module docstring).
+
+    The ratio is ``exp(logprobs - stopgrad(sampler_logprobs))``: the trainer against the
+    sampler's own log-probs, so in-flight / mixed-version rollouts are corrected. `mask` marks
+    the trained (model-generated) tokens; `truncated` flags rows for ``config.overlong_mask``;
+    `ref_logprobs` is the frozen reference (needed when ``config.kl_coef > 0``, else it only
+    feeds the ``kl_*`` metrics); `row_chain_index` / `row_segment_index` (both or neither)
+    extend the KL reward-to-go over later segments of a summary chain.
+
+    Returns ``(loss, metrics)``, every metric a detached scalar.
+    """
+    _check_inputs(logprobs, sampler_logprobs, advantages, mask, config, truncated, ref_logprobs,
+                  row_chain_index, row_segment_index)
+    m = mask.astype(jnp.float32)
+    if config.overlong_mask:
+        m = m * (~truncated.astype(bool))[:, None].astype(jnp.float32)
+    valid = m > 0
+
+    log_ratio, ratio, keep, ratio_s = _ratios(logprobs, sampler_logprobs, m, valid, config)
+
+    adv = jnp.broadcast_to(advantages.astype(jnp.float32)[:, None], logprobs.shape)
+    metrics: dict[str, Any] = {}
+    kl_loss = jnp.zeros((), jnp.float32)
+    if ref_logprobs is not None:
+        adv, kl_term, metrics = _kl_penalty(logprobs, ref_logprobs, adv, m, valid, config, row_chain_index,
+                                            row_segment_index)
+        kl_loss = kl_loss if kl_term is None else kl_term
+
+    surr, metrics["clip_frac"] = _clipped_surrogate(ratio_s, ratio, adv, m, config.clip_eps)
+    surr, stale = _stale_corrections(surr, log_ratio, ratio, m, keep, config.tis_cap)
+    metrics.update(stale)
+
+    pg_loss = -aggregate(surr, m, config.agg, token_sum_norm=config.token_sum_norm)
     loss = pg_loss + kl_loss
     ntok = m.sum()
     metrics.update(
@@ -428,17 +537,3 @@ def policy_gradient_loss(
     )
     metrics = {k_: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k_, v in metrics.items()}
     return loss, metrics
-
-
-def loss_kwargs_from_config(rl_cfg) -> dict[str, Any]:
-    """Map the ``c.rl`` config (configs/rl_tiny.py) to ``policy_gradient_loss`` kwargs."""
-    return dict(
-        agg=rl_cfg.loss_agg,
-        token_sum_norm=rl_cfg.token_sum_norm or None,
-        clip_eps=rl_cfg.clip_eps or None,
-        overlong_mask=bool(rl_cfg.overlong_mask),
-        kl_coef=float(rl_cfg.kl_coef),
-        kl_estimator=rl_cfg.kl_estimator,
-        kl_mode=rl_cfg.kl_mode,
-        **{k: float(rl_cfg.stale[k]) for k in STALE_CAPS},   # issue 23: 0 = off
-    )

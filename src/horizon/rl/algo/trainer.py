@@ -1,8 +1,8 @@
-"""RL train step: router-replayed forward, Dr.GRPO policy gradient with KL, Adam (SPEC §4).
+"""RL train step: router-replayed forward, Dr.GRPO policy gradient with KL, Adam (docs/SPEC.md §4).
 
 One step on a batch from `horizon.rl.algo.batch.build_batch`:
 
-1. Router replay (SPEC §1, §4.1): tokens with recorded inference experts use them; tokens
+1. Router replay (docs/SPEC.md §1, §4.1): tokens with recorded inference experts use them; tokens
    without a record (prompt, observations, padding: index -1) take the router's own choice,
    read from a first forward without replay (no gradient). The replayed forward then
    computes the gate weights from the current router scores, so the router is trained.
@@ -10,10 +10,10 @@ One step on a batch from `horizon.rl.algo.batch.build_batch`:
 2. Token log-probs of the targets at temperature 1: ``logp[:, t] = log_softmax(logits[:, t-1])
    [tokens[:, t]]`` (column 0 = 0, never masked in) — the same quantity the sampler
    records, so the importance ratio compares like with like.
-3. `losses.policy_gradient_loss` with the `c.rl` options; the reference policy (if any) runs
-   with its own routing, detached. With ``loss_agg == "token_sum"`` and no explicit
-   ``token_sum_norm`` the loss is divided by the number of *real* rows (bucketing pads rows,
-   and the padded count must not change the step size).
+3. `losses.policy_gradient_loss` with the `c.rl` options (`losses.loss_config`); the
+   reference policy (if any) runs with its own routing, detached. With ``loss_agg ==
+   "token_sum"`` and no explicit ``token_sum_norm`` the loss is divided by the number of *real*
+   rows (bucketing pads rows, and the padded count must not change the step size).
 4. Gradient accumulation (optional): a batch split by `batch.split_microbatches` (leading
    micro-batch axis, whole chains per micro-batch) runs steps 1-3 per micro-batch in a
    `lax.scan` and sums the gradients weighted to the whole batch's loss normalisation
@@ -22,7 +22,7 @@ One step on a batch from `horizon.rl.algo.batch.build_batch`:
    `trainable_mask`, which excludes `router_bias`) with global-norm clipping, then the
    aux-loss-free router-bias update from the router load over real tokens only.
 
-Mesh (SPEC §2). The same step serves every mesh: with a config whose ``mesh`` asks for several
+Mesh (docs/SPEC.md §2). The same step serves every mesh: with a config whose ``mesh`` asks for several
 devices (`horizon.parallel.mesh.run_mesh`), `init_state` places the state by the one rules table
 (optimizer moments like their params), `train_step` places the batch's rows over the data-parallel
 ranks (`batch_shardings`) and runs the jitted step under that mesh with the attention / MoE
@@ -31,12 +31,12 @@ new state keeps the input's shardings.
 
 Metrics: reward mean, best-of-K (max reward per group, averaged), KL estimates, entropy of the
 trained positions, clip fraction, token counts, grad norm, staleness (policy versions).
-Stale tokens (issue 23, item 4): the loss's corrections (`rl.stale`: truncated importance
-sampling, token / sequence ratio masks; `losses` module docstring) log
+Stale tokens: the loss's corrections (`rl.stale`: truncated importance sampling, token / sequence
+ratio masks; `losses` module docstring) log
 ``stale/masked_token_fraction``, ``stale/tis_clipped_fraction`` and ``stale/mean_ratio``; the step
 adds the lag histogram `version_lag_counts` (``stale/lag_0`` .. ``stale/lag_7``,
 ``stale/lag_8plus``: loss-token counts by ``state.step - policy_versions``; ``state.step`` = t is
-the version of the params step t trains, as `runtime.async_loop.token_staleness` counts it). Every
+the version of the params step t trains, as `runtime.processes.token_staleness` counts it). Every
 metric is a scalar (`runtime.core.train_groups` logs floats).
 """
 
@@ -72,7 +72,7 @@ class RLState:
 
 
 def make_optimizer(params, cfg) -> optax.GradientTransformation:
-    """Adam (+ optional decay) on trainable leaves, clipping; fields from `c.rl.optim` (SPEC §4)."""
+    """Adam (+ optional decay) on trainable leaves, clipping; fields from `c.rl.optim` (docs/SPEC.md §4)."""
     return optim.make_optimizer(cfg.rl.optim, transformer.trainable_mask(params))
 
 
@@ -154,16 +154,16 @@ def loss_from_logits(logits, batch, *, cfg, ref_logits=None):
     ref_lp = None
     if ref_logits is not None:
         ref_lp = jax.lax.stop_gradient(token_logprobs(ref_logits, batch["tokens"])[0])
-    kw = losses.loss_kwargs_from_config(rl)
+    lc = losses.loss_config(rl)
     if ref_lp is None:
-        kw["kl_coef"] = 0.0
+        lc = dataclasses.replace(lc, kl_coef=0.0)
     rows_real = jnp.maximum(jnp.sum(batch["row_chain"] >= 0), 1).astype(jnp.float32)
     seg = dict(row_chain_index=batch["row_chain"], row_segment_index=batch["row_segment"]) \
         if bool(rl.kl_across_segments) else {}
     loss, m = losses.policy_gradient_loss(
-        lp, batch["sampler_logprobs"], batch["advantages"], batch["loss_mask"],
-        truncated=batch["truncated"], ref_logprobs=ref_lp, **kw, **seg)
-    if kw["agg"] == "token_sum" and not kw["token_sum_norm"]:
+        lp, batch["sampler_logprobs"], batch["advantages"], batch["loss_mask"], lc,
+        truncated=batch["truncated"], ref_logprobs=ref_lp, **seg)
+    if lc.agg == "token_sum" and not lc.token_sum_norm:
         scale = lp.shape[0] / rows_real     # divide by real rows, not the padded bucket
         loss = loss * scale
         m = dict(m, loss=m["loss"] * scale, pg_loss=m["pg_loss"] * scale, kl_loss=m["kl_loss"] * scale)
@@ -214,15 +214,15 @@ def microbatch_weights(batch: dict, *, cfg) -> Float[Array, " m"]:
     that into the whole batch's normalisation, so the accumulated gradient equals the
     one-batch gradient. An explicit `token_sum_norm` is the same constant in every micro-batch
     (weight 1)."""
-    rl = cfg.rl
+    lc = losses.loss_config(cfg.rl)
     m = batch["loss_mask"].astype(jnp.float32)
-    if bool(rl.overlong_mask):
+    if lc.overlong_mask:
         m = m * (~batch["truncated"].astype(bool))[..., None]
-    if rl.loss_agg == "token_sum":
-        if rl.token_sum_norm:
+    if lc.agg == "token_sum":
+        if lc.token_sum_norm:
             return jnp.ones(m.shape[:1], jnp.float32)
         cnt = jnp.sum(batch["row_chain"] >= 0, axis=1)
-    elif rl.loss_agg == "token_mean":
+    elif lc.agg == "token_mean":
         cnt = m.sum(axis=(1, 2))
     else:
         cnt = jnp.sum(m.sum(axis=2) > 0, axis=1)
@@ -235,7 +235,7 @@ LAG_BINS = 8      # version-lag histogram: lags 0 .. LAG_BINS-1, then one ">= LA
 
 def version_lag_counts(policy_versions: Int[Array, "*rows seq"], loss_mask: Bool[Array, "*rows seq"],
                        step: Int[Array, ""] | int) -> dict[str, Float[Array, ""]]:
-    """Staleness histogram of the trained tokens (issue 23, item 4): {``stale/lag_<j>``: count of
+    """Staleness histogram of the trained tokens: {``stale/lag_<j>``: count of
     loss tokens whose lag ``step - policy_version`` is j} for j < `LAG_BINS`, and
     ``stale/lag_<LAG_BINS>plus`` for the rest. A version newer than `step` (not produced by the
     loops, whose admission keeps lags >= 0) counts as lag 0. Any leading shape (whole or split

@@ -1,7 +1,7 @@
 """`validate(config)` for the RL drivers (experiments/rl.py, selfsum.py, rl_async.py): every value
 they read is checked right after the command line is parsed, before any run directory, sandbox or
-compile exists (SPEC §7). Each failure is one `ConfigError` line naming the field, its value and
-what is allowed; `horizon.utils.cli.load` prints it and exits 2.
+compile exists (docs/SPEC.md §7). Each failure is one `ConfigError` line naming the field, its
+value and what is allowed; `horizon.utils.cli.load` prints it and exits 2.
 
 The checks follow the config's sections: `model` (`transformer.validate_config`), `mesh`, `agent`
 (`validate_agent_config` + the budget against `model.max_seq_len`), `rl` (loss, KL, sampler,
@@ -10,26 +10,26 @@ batch, optimizer, prompt sampler, length penalty) and `exp` (task family, sandbo
 
 from __future__ import annotations
 
-import math
 import pathlib
 
 from horizon.agent import validate_agent_config
 from horizon.agent.rollout import STRATEGIES
 from horizon.data.tokenizer import validate_tokenizer
+from horizon.env import rewards
+from horizon.env.families import FAMILIES, family_from_config
+from horizon.inference.config import validate_engine
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
-from horizon.env import rewards
 from horizon.rl.algo import losses
-from horizon.rl.runtime.async_loop import POOLS, docker_host_for, mesh_devices, parse_resources
+from horizon.rl.runtime.async_setup import mesh_devices
+from horizon.rl.runtime.core import batch_slots
+from horizon.rl.runtime.pools import POOLS, docker_host_for, parse_resources
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
-from horizon.train.optim import validate_optim_config
-from horizon.env.families import FAMILIES, family_from_config
-from horizon.inference.config import validate_engine
-from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
-from horizon.rl.runtime.core import batch_slots
 from horizon.sandbox import docker_available
+from horizon.train.optim import validate_optim_config
+from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
 from horizon.utils.files import storage_protocols
 
 BACKENDS = ("docker", "local")
@@ -56,17 +56,8 @@ def validate_rl(c, steps: int) -> None:
     r = c.rl
     need_int(r, "group_size", "rl", lo=1)
     need_int(r, "prompts_per_step", "rl", lo=1)
-    need_choice(r, "loss_agg", "rl", losses.LOSS_AGGS)
-    need_float(r, "token_sum_norm", "rl", 0.0)
+    losses.validate_loss_config(r)    # loss aggregation, clip, KL, stale-token caps
     need_float(r, "adv_std_eps", "rl", 0.0, lo_open=True)
-    if r.clip_eps is not None:
-        need_float(r, "clip_eps", "rl", 0.0)
-    need_float(r, "kl_coef", "rl", 0.0)
-    need_choice(r, "kl_estimator", "rl", losses.KL_ESTIMATORS)
-    need_choice(r, "kl_mode", "rl", losses.KL_MODES)
-    for k in losses.STALE_CAPS:       # issue 23: 0 = off, else a ratio cap > 1
-        v = need_float(r.stale, k, "rl.stale", 0.0)
-        need(v == 0.0 or v > 1.0, f"rl.stale.{k}", r.stale[k], "must be 0 (off) or > 1 (a cap on the ratio)")
     lp = r.length_penalty
     try:
         rewards.validate_curve_params(lp.k, lp.q)
@@ -104,7 +95,7 @@ def validate_rl(c, steps: int) -> None:
 
 
 def validate_rl_mesh(c) -> None:
-    """`mesh` for an RL driver (SPEC §2): a mesh this process can build (`mesh.validate_mesh`), a
+    """`mesh` for an RL driver (docs/SPEC.md §2): a mesh this process can build (`mesh.validate_mesh`), a
     power-of-two data-parallel rank count that divides every bucketed batch (RL rows and
     micro-batches, SFT rows; sampler batches are bucketed to at least it), sequences that split
     for CP, and the packing method / cost model."""
@@ -119,7 +110,8 @@ def validate_rl_mesh(c) -> None:
         s = c.exp.sft
         for k in ("batch_size", "clean_batch_size"):
             if s.get(k) is not None:
-                need(int(s[k]) % nb == 0, f"exp.sft.{k}", s[k], f"must be divisible by the mesh's {nb} data-parallel ranks")
+                need(int(s[k]) % nb == 0, f"exp.sft.{k}", s[k],
+                     f"must be divisible by the mesh's {nb} data-parallel ranks")
         for k in ("seq_len", "clean_seq_len"):
             if s.get(k) is not None:
                 need(int(s[k]) % (2 * cp) == 0, f"exp.sft.{k}", s[k], f"must be divisible by 2*mesh.context={2 * cp}")
@@ -196,7 +188,7 @@ def validate_sandboxes(c) -> None:
         if not docker_available():
             raise ConfigError("exp.backend='docker': no Docker engine answers (start it, or "
                               "--config.exp.backend=local for an unisolated run)")
-        import docker
+        import docker  # noqa: PLC0415  (optional heavy dependency: only a Docker-backed run needs it)
 
         try:
             docker.from_env().images.get(str(e.sandbox_image))
@@ -262,7 +254,7 @@ def validate_async(c) -> None:
     for k in ("num_rollout_workers", "publish_every", "full_every", "keep_fulls", "shard_elems", "publish_threads",
               "threads_per_process", "toy_max_new_tokens", "smooth"):
         need_int(a, k, "async_", lo=1)
-    need_int(a, "queue_depth", "async_", lo=0)      # 0 = rl.prompts_per_step (async_loop.worker_queue_depth)
+    need_int(a, "queue_depth", "async_", lo=0)      # 0 = rl.prompts_per_step (async_setup.worker_queue_depth)
     need_int(a, "prompt_start", "async_", lo=0)
     for k in ("poll_s", "weights_timeout_s", "trainer_start_timeout_s"):
         need_float(a, k, "async_", 0.0, lo_open=True)

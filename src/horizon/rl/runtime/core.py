@@ -2,7 +2,7 @@
 rollout, one train step on groups.
 
 `horizon.rl.runtime.loop.run_rl` (synchronous: roll out step t with version t, then train, one process)
-and `horizon.rl.runtime.async_loop` (a trainer process and rollout-worker processes under a staleness
+and `horizon.rl.runtime.orchestrator` (a trainer process and rollout-worker processes under a staleness
 bound) are thin shells over these, so a run is a function of its config whichever shell runs it:
 at `async_.max_staleness = 0` with `async_.publish_dtype = "float32"` the two train on identical
 groups and reach identical params (tests/rl/test_one_loop.py).
@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from horizon.inference import policy as engine_policy
 from horizon.rl.algo import losses
 from horizon.rl.runtime import prompts, storage
 from horizon.utils.seeds import run_keys

@@ -1,9 +1,9 @@
 """The async trainer as an actor group joined by jax.distributed (SPEC §4 async runtime, issue 23).
 
 `async_.trainer_processes` = n Ray actors (one per host) form one multi-controller JAX job over the
-run's mesh (`c.mesh`): each gets mesh devices / n local devices (`async_loop.child_env`), the driver
+run's mesh (`c.mesh`): each gets mesh devices / n local devices (`async_setup.child_env`), the driver
 asks actor 0 for a coordinator address on its node (`coordinator_address`) and starts
-`async_loop.trainer_main` on actor i with ``(coordinator, n, i)``. Every process then reads the same
+`processes.trainer_main` on actor i with ``(coordinator, n, i)``. Every process then reads the same
 groups, builds the same batch and runs the same jitted step: `jax.device_put` of an identical host
 value onto a global `NamedSharding` keeps each process's addressable shards (jax checks the values
 agree across processes), orbax saves / restores the checkpoint collectively (process 0 writes its

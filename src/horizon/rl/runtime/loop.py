@@ -1,4 +1,4 @@
-"""Synchronous RL on a procedural task family in sandboxes (SPEC §4, §6, §7).
+"""Synchronous RL on a procedural task family in sandboxes (docs/SPEC.md §4, §6, §7).
 
 The shared core of experiments/rl.py (config-edit family, `make run`), experiments/selfsum.py
 (key-recall family, three context strategies) and experiments/rl_async.py's sync baseline;
@@ -19,10 +19,12 @@ hyperparameter lives here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,24 +32,20 @@ import ml_collections
 import numpy as np
 
 from horizon.data.packing import pack_sequences
-from horizon.parallel import mesh as pmesh
-from horizon.parallel import sharded
-from horizon.rl.algo import batch as rlbatch
+from horizon.data.tokenizer import tokenizer_from_config
+from horizon.env.demos import config_edit_demos
+from horizon.env.families import Family, family_from_config
+from horizon.eval import harness
 from horizon.inference import policy as engine_policy
 from horizon.inference import sampler
+from horizon.model import hf, transformer
+from horizon.parallel import mesh as pmesh
+from horizon.rl.algo import batch as rlbatch
 from horizon.rl.runtime import core as runtime
-from horizon.env.families import Family
 from horizon.train import lm
-from horizon.train.checkpoint import Checkpointer
-from horizon.data.tokenizer import tokenizer_from_config
-from horizon.env.families import family_from_config
+from horizon.train.checkpoint import Checkpointer, restore_params
 from horizon.utils.config import dump_config
-from horizon.eval import harness
 from horizon.utils.seeds import run_keys
-from horizon.model import hf
-from horizon.model import transformer
-from horizon.env.demos import config_edit_demos
-from horizon.train.checkpoint import restore_params
 
 Log = Callable[[dict], None]
 
@@ -83,26 +81,57 @@ def heldout_evaluator(env, tasks, c, tok) -> Callable[[Any, int], dict]:
 
 
 # ----------------------------------------------------------------------------- SFT
-def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", steps: int | None = None,
-            seq_len: int | None = None, batch_size: int | None = None, lr: float | None = None,
-            probe: Callable[[Any], dict] | None = None, probe_every: int = 0):
-    """Train `params` for `steps` (default `c.exp.sft.steps`) on demonstration `rows`
-    [(tokens, loss_mask)] packed into rows of `c.exp.sft.seq_len` (optimizer `c.exp.sft.optim`,
-    schedule sized to `steps`); resumes from out/<name> if a finished checkpoint is there.
-    `rows` may be a zero-argument callable, called only when there is no checkpoint.
-    `steps`, `seq_len`, `batch_size` (and `lr`, the peak of `c.exp.sft.optim`) override
-    `c.exp.sft`'s for this call only; `exp.sft.remat`, if set, replaces `model.remat` for SFT (whose
-    rows may fit without the RL trainer's recompute). `probe(params) -> {name: float}`, if given, runs every
-    `probe_every` steps and at the end, and its numbers join the log record (e.g. selfsum's
-    key-copy accuracy, to see when a copy forms); it reads the params only."""
-    s = c.exp.sft
-    over = {k: int(v) for k, v in dict(steps=steps, seq_len=seq_len, batch_size=batch_size).items() if v is not None}
-    if over or lr is not None:
+@dataclasses.dataclass(frozen=True)
+class SFTStage:
+    """One `run_sft` stage: its name (checkpoint out/<name>, log phase), its overrides of
+    `c.exp.sft` (`steps`, `seq_len`, `batch_size`, and `lr`: the peak of `c.exp.sft.optim`; None =
+    the config's) and how often the probe runs (every `probe_every` steps; 0 = never)."""
+
+    name: str = "sft"
+    steps: int | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    probe_every: int = 0
+
+    @classmethod
+    def from_config(cls, c, name: str, *, clean: bool = False) -> SFTStage:
+        """`two_stage_sft`'s stage `name`: stage 2 (`exp.sft` as it is) or, with `clean`, stage 1
+        (`exp.sft.clean_steps`, `clean_seq_len`, `clean_batch_size`, `clean_lr`); both probe every
+        `exp.sft.probe_every` steps (0 or absent: never)."""
+        s = c.exp.sft
+        every = int(s.get("probe_every", 0) or 0)
+        if not clean:
+            return cls(name=name, probe_every=every)
+        return cls(name=name, steps=int(s.clean_steps), seq_len=s.get("clean_seq_len"),
+                   batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"), probe_every=every)
+
+    def config(self, c):
+        """`c` with this stage's overrides in `exp.sft` (a copy; `c` itself if there are none)."""
+        over = {k: int(v) for k, v in dict(steps=self.steps, seq_len=self.seq_len, batch_size=self.batch_size).items()
+                if v is not None}
+        if not over and self.lr is None:
+            return c
         c = ml_collections.ConfigDict(c.to_dict())
         c.exp.sft.update(over)
-        if lr is not None:
-            c.exp.sft.optim.lr = float(lr)
-        s = c.exp.sft
+        if self.lr is not None:
+            c.exp.sft.optim.lr = float(self.lr)
+        return c
+
+
+def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, stage: SFTStage = SFTStage(),
+            probe: Callable[[Any], dict] | None = None):
+    """Train `params` for `stage.steps` (default `c.exp.sft.steps`) on demonstration `rows`
+    [(tokens, loss_mask)] packed into rows of `c.exp.sft.seq_len` (optimizer `c.exp.sft.optim`,
+    schedule sized to the steps); resumes from out/<stage.name> if a finished checkpoint is there.
+    `rows` may be a zero-argument callable, called only when there is no checkpoint. `stage`'s
+    overrides of `c.exp.sft` hold for this call only; `exp.sft.remat`, if set, replaces
+    `model.remat` for SFT (whose rows may fit without the RL trainer's recompute).
+    `probe(params) -> {name: float}`, if given, runs every `stage.probe_every` steps and at the
+    end, and its numbers join the log record (e.g. selfsum's key-copy accuracy, to see when a copy
+    forms); it reads the params only."""
+    c = stage.config(c)
+    s, name = c.exp.sft, stage.name
     sc, state = _sft_state(params, c)
     # the same partitioned LM step as experiments/pretrain.py, on the run's mesh (c.mesh)
     step_fn, st_sh, _ = lm.make_train_step(sc, pmesh.mesh_from_config(c), jax.eval_shape(lambda: state))
@@ -133,7 +162,7 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
                  mask=packed.extras["mask"][idx])
         state, m = step_fn(state, b)
         last = i + 1 == int(s.steps)
-        probed = probe is not None and probe_every > 0 and ((i + 1) % probe_every == 0 or last)
+        probed = probe is not None and stage.probe_every > 0 and ((i + 1) % stage.probe_every == 0 or last)
         if (i + 1) % int(s.log_every) == 0 or last or probed:
             rec = dict(phase=name, step=i + 1, loss=float(m["loss"]), wall_s=time.time() - t0)
             extra = probe(state.params) if probed else {}
@@ -147,7 +176,7 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str = "sft", 
 
 def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, log: Log, *, name: str = "sft",
                   probe: Callable[[Any], dict] | None = None):
-    """The SFT warm start in two stages from `params` (SPEC §4: a short SFT before RL):
+    """The SFT warm start in two stages from `params` (docs/SPEC.md §4: a short SFT before RL):
 
     1. `exp.sft.clean_steps` steps on correct demos, `demos(True)` (out/<name>_clean): the tiny
        byte model first learns to *copy* (a value from the prompt, a key through a summary) —
@@ -163,17 +192,13 @@ def two_stage_sft(params, demos: Callable[[bool], list], c, out: pathlib.Path, l
     s = c.exp.sft
     if int(s.get("clean_steps", 0)) > 0 and not (out / name).is_dir():
         params = clean_sft(params, lambda: demos(True), c, out, log, name=f"{name}_clean", probe=probe)
-    return run_sft(params, lambda: demos(False), c, out, log, name=name, probe=probe,
-                   probe_every=int(s.get("probe_every", 0) or 0))
+    return run_sft(params, lambda: demos(False), c, out, log, stage=SFTStage.from_config(c, name), probe=probe)
 
 
 def clean_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str, probe=None):
     """Stage 1 of `two_stage_sft` alone: `run_sft` with `exp.sft.clean_steps` and the clean stage's
     row shape and lr (benchmarks/selfsum_scope.py times when a copy forms in it)."""
-    s = c.exp.sft
-    return run_sft(params, rows, c, out, log, name=name, steps=int(s.clean_steps), seq_len=s.get("clean_seq_len"),
-                   batch_size=s.get("clean_batch_size"), lr=s.get("clean_lr"), probe=probe,
-                   probe_every=int(s.get("probe_every", 0) or 0))
+    return run_sft(params, rows, c, out, log, stage=SFTStage.from_config(c, name, clean=True), probe=probe)
 
 
 def initial_params(c, key):
@@ -216,7 +241,7 @@ def _sft_state(params, c):
     train = ml_collections.ConfigDict(s.optim.to_dict())
     train.steps = int(s.steps)            # the schedule spans this stage (checks.validate_sft: warmup < steps)
     model = ml_collections.ConfigDict(c.model.to_dict())
-    if s.get("remat") is not None:        # SFT rows may not need the RL trainer's recompute (issue 25)
+    if s.get("remat") is not None:        # SFT rows may not need the RL trainer's recompute
         model.remat = bool(s.remat)
     sc = ml_collections.ConfigDict(dict(model=model, train=train, mesh=c.mesh))
     opt = lm.optimizer(params, sc)
@@ -230,7 +255,8 @@ def load_sft_params(c, directory: str | pathlib.Path):
     try:
         return restore_params(directory, c.model)[0]
     except FileNotFoundError:
-        raise FileNotFoundError(f"no SFT checkpoint in {directory} (run experiments/rl.py, or run_sft, first)") from None
+        raise FileNotFoundError(f"no SFT checkpoint in {directory} (run experiments/rl.py, or run_sft, "
+                                "first)") from None
 
 
 def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
@@ -257,7 +283,7 @@ def tok_pad(c) -> int:
 # ----------------------------------------------------------------------------- RL
 def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callable[[Any, int], dict] | None = None,
            store=None, tag: str = "") -> dict:
-    """The synchronous RL loop (SPEC §4) from `params` on `env` (`.rollouts(requests, policy, tok)`,
+    """The synchronous RL loop (docs/SPEC.md §4) from `params` on `env` (`.rollouts(requests, policy, tok)`,
     e.g. `horizon.env.rollouts.ExperimentEnv` or `workers.ToyEnv`), `c.exp.steps` steps: step t's
     prompts (`runtime.PromptSchedule`), its generation batches rolled out with version t
     (`runtime.rollout_groups`), one `runtime.train_groups` — the same pieces the async runtime's
@@ -278,15 +304,8 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
     evals = {}
 
     def do_eval(step):
-        if evaluate is None:
-            return
-        t0 = time.time()
-        e = dict(evaluate(state.params, step), phase="eval", step=step, eval_s=time.time() - t0, **run)
-        log(e)
-        evals[step] = e
-        print(f"{tag}eval @ {step}: held-out {e['heldout_mean']:.3f} ± {e['heldout_std']:.3f} "
-              f"(passes {['%.3f' % x for x in e['heldout_passes']]}), best-of-{len(e['heldout_passes'])} "
-              f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s)", flush=True)
+        if evaluate is not None:
+            evals[step] = _eval_and_log(evaluate, state.params, step, log, run, tag)
 
     if start == 0:
         do_eval(0)
@@ -296,38 +315,14 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         if sched.assign(step) is None:
             print(f"{tag}prompt set exhausted (single epoch): stopping", flush=True)
             break
-        groups, t_gen = [], 0.0
-        for reqs in sched.batches(step):
-            recs, info = runtime.rollout_groups(env, reqs, lambda p=state.params, v=step: (p, v), c, tok)
-            groups += recs
-            t_gen += info["gen_s"]
-        sched.feed(step, groups)
-        for g in groups if store is not None else ():
-            store.put(g)
+        groups, t_gen = _roll_out_step(env, sched, step, state.params, c, tok, store)
         t_roll = time.time() - t0
         t1 = time.time()
         state, rec, b = runtime.train_groups(state, groups, c)
-        infos = [i for g in groups for i in g.infos]
-        gen = sum(g.generated_tokens for g in groups)
-        rec.update(phase="rl", step=step + 1, group_size=int(c.rl.group_size), groups=len(groups), rollout_s=t_roll,
-                   gen_s=t_gen, gen_tokens=gen,
-                   train_s=time.time() - t1, step_s=time.time() - t0, gen_tokens_per_s=gen / max(t_roll, 1e-9),
-                   success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos])),
-                   malformed=float(np.mean([i.get("malformed_calls", 0) > 0 for i in infos])),
-                   summaries=float(np.mean([i.get("summaries", 0) for i in infos])), **run,
-                   **{f"batch/{k}": v for k, v in rlbatch.batch_stats(b).items()})
+        rec.update(_step_metrics(c, step, groups, b, run, rollout_s=t_roll, gen_s=t_gen,
+                                 train_s=time.time() - t1, step_s=time.time() - t0))
         log(rec)
-        print(f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{c.rl.group_size} "
-              f"{rec['best_of_k']:.3f} success {rec['success']:.3f} malformed {rec['malformed']:.2f} "
-              f"kl {rec.get('kl_k1', 0.0):.2e} gen {t_gen:.1f}s ({rec['gen_tokens_per_s']:.0f} tok/s of rollout) "
-              f"rollout {t_roll:.1f}s "
-              + (f"pack {rec['pack/imbalance']:.3f} (naive {rec['pack/imbalance_naive']:.3f}) "
-                 if rec["pack/ranks"] > 1 else "")
-              + (f"infra: {rec['infra/infra_episodes']:.0f} failed episodes, {rec['infra/group_retries']:.0f} "
-                 f"retries, {rec['infra/replaced_groups']:.0f} replaced groups, "
-                 f"{rec['infra/sandboxes_replaced']:.0f} new sandboxes "
-                 if any(rec[f"infra/{k}"] for k in runtime.INFRA_KEYS) else "") +
-              f"train {rec['train_s']:.1f}s ({time.time() - t_start:.0f}s)", flush=True)
+        print(_step_line(rec, c, tag, step, steps, elapsed_s=time.time() - t_start), flush=True)
         ck.save(step + 1, state, {"step": step + 1, "schedule": sched.state_dict()}, force=step + 1 == steps)
         every = int(c.exp.eval.every) if "eval" in c.exp else 0
         if step + 1 < steps and every > 0 and (step + 1) % every == 0:
@@ -337,6 +332,61 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         do_eval(final)
     ck.close()
     return {"evals": evals, "state": state}
+
+
+def _eval_and_log(evaluate, params, step: int, log: Log, run: dict, tag: str) -> dict:
+    """`run_rl`'s eval at `step`: `evaluate(params, step)`, timed, logged and printed."""
+    t0 = time.time()
+    e = dict(evaluate(params, step), phase="eval", step=step, eval_s=time.time() - t0, **run)
+    log(e)
+    print(f"{tag}eval @ {step}: held-out {e['heldout_mean']:.3f} ± {e['heldout_std']:.3f} "
+          f"(passes {[f'{x:.3f}' for x in e['heldout_passes']]}), best-of-{len(e['heldout_passes'])} "
+          f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s)", flush=True)
+    return e
+
+
+def _roll_out_step(env, sched, step: int, params, c, tok, store) -> tuple[list, float]:
+    """Step `step`'s generation batches rolled out with `params` as version `step`; the schedule is
+    fed the step's groups, which also go to `store` if given. Returns (groups, generation seconds)."""
+    groups, t_gen = [], 0.0
+    for reqs in sched.batches(step):
+        recs, info = runtime.rollout_groups(env, reqs, lambda p=params, v=step: (p, v), c, tok)
+        groups += recs
+        t_gen += info["gen_s"]
+    sched.feed(step, groups)
+    for g in groups if store is not None else ():
+        store.put(g)
+    return groups, t_gen
+
+
+def _step_metrics(c, step: int, groups, b, run: dict, *, rollout_s: float, gen_s: float, train_s: float,
+                  step_s: float) -> dict:
+    """What `run_rl` adds to the train step's metrics for its record of `step` (groups `groups`,
+    batch `b`): sizes, timings, generated tokens, episode outcomes, batch stats."""
+    infos = [i for g in groups for i in g.infos]
+    gen = sum(g.generated_tokens for g in groups)
+    return dict(phase="rl", step=step + 1, group_size=int(c.rl.group_size), groups=len(groups), rollout_s=rollout_s,
+                gen_s=gen_s, gen_tokens=gen, train_s=train_s, step_s=step_s,
+                gen_tokens_per_s=gen / max(rollout_s, 1e-9),
+                success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos])),
+                malformed=float(np.mean([i.get("malformed_calls", 0) > 0 for i in infos])),
+                summaries=float(np.mean([i.get("summaries", 0) for i in infos])), **run,
+                **{f"batch/{k}": v for k, v in rlbatch.batch_stats(b).items()})
+
+
+def _step_line(rec: dict, c, tag: str, step: int, steps: int, *, elapsed_s: float) -> str:
+    """`run_rl`'s printed line for the record `rec` of `step` (`elapsed_s`: since the loop began)."""
+    return (f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{c.rl.group_size} "
+            f"{rec['best_of_k']:.3f} success {rec['success']:.3f} malformed {rec['malformed']:.2f} "
+            f"kl {rec.get('kl_k1', 0.0):.2e} gen {rec['gen_s']:.1f}s ({rec['gen_tokens_per_s']:.0f} tok/s of rollout) "
+            f"rollout {rec['rollout_s']:.1f}s "
+            + (f"pack {rec['pack/imbalance']:.3f} (naive {rec['pack/imbalance_naive']:.3f}) "
+               if rec["pack/ranks"] > 1 else "")
+            + (f"infra: {rec['infra/infra_episodes']:.0f} failed episodes, {rec['infra/group_retries']:.0f} "
+               f"retries, {rec['infra/replaced_groups']:.0f} replaced groups, "
+               f"{rec['infra/sandboxes_replaced']:.0f} new sandboxes "
+               if any(rec[f"infra/{k}"] for k in runtime.INFRA_KEYS) else "") +
+            f"train {rec['train_s']:.1f}s ({elapsed_s:.0f}s)")
 
 
 def gain_summary(evals: dict, records: list[dict]) -> dict:

@@ -3,8 +3,8 @@
 Three checkpoint levels make a restart cheap:
 
 * **step level** — trainer weights + optimizer state (orbax, `horizon.train.checkpoint`),
-  written by the trainer (`horizon.rl.runtime.loop.run_rl`, or `horizon.rl.runtime.async_loop.trainer_main`)
-  to the run directory (orbax has its own path handling; not `async_.storage_url`);
+  written by the trainer (`horizon.rl.runtime.loop.run_rl`, or
+  `horizon.rl.runtime.processes.trainer_main`) to the run directory (orbax has its own path handling; not `async_.storage_url`);
 * **group level** — `GroupStore`: every scored group (trajectories, rewards, Dr.GRPO
   advantages, per-token policy-version tags) is written to storage *as soon as it is produced*,
   one atomic file per slot, under a path or fsspec URL (`async_.storage_url`: a shared filesystem,
@@ -17,7 +17,7 @@ Three checkpoint levels make a restart cheap:
   `DockerSandbox`, created with `keep_snapshots=True` so it outlives the process). Optional:
   `restore_episode` rebuilds an `Episode` in a sandbox started from the snapshot, so a rollout
   can continue after a worker restart instead of starting over. (The async loop's default
-  does not use it: our toy rollouts are single-turn; see async_loop's docstring.)
+  does not use it: our toy rollouts are single-turn; see `orchestrator`'s docstring.)
 
 Also `SchedulerState`: the prompt schedule (slot -> prompt id, seed, and the prompt sampler's
 `state_dict`), rewritten atomically whenever a step's slots are assigned, so a restarted scheduler

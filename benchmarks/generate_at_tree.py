@@ -1,9 +1,9 @@
 """Serves timed calls of another checkout's `sampler.generate`: the "old path" of
-`benchmarks/rollout_engine.py --baseline-tree DIR` (issue 24 asks for the engine's raw tokens/s
-against the path it replaced, which no longer exists in this tree).
+`benchmarks/rollout_engine.py --baseline-tree DIR` (the engine's raw tokens/s against the path it
+replaced, which no longer exists in this tree).
 
 `DIR` is a checkout of horizon (e.g. `git worktree add /tmp/pre24 e23df6f^`, the tree before
-issue 24's first commit). This script imports *that* tree's `horizon` and only the APIs every
+the rollout engine). This script imports *that* tree's `horizon` and only the APIs every
 checkout since the multi-token sampler has (`utils.config.load_config_file`, `model.params.numpy_init`,
 `rl.rollout.sampler.generate` / `sampler_kwargs_from_config`; the module is `horizon.rl.rollout.sampler` in
 trees of that era): configs/tiny.py's model with

@@ -1,4 +1,4 @@
-"""The prepared GPU check (issue 27): one script for a lent H100/H200, prioritised, each part time-capped.
+"""The prepared GPU check: one script for a lent H100/H200, prioritised, each part time-capped.
 
 Runs with the device's own `python3` (JAX with CUDA; `ml_collections` carried as a wheel) from the repo
 root. The parts run in order, each in its own process under its own time cap, and write to `--out`

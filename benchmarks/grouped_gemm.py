@@ -1,4 +1,4 @@
-"""The MoE layer's expert GEMMs: the project's grouped GEMM ("block") vs `jax.lax.ragged_dot` (SPEC §1, issue 27).
+"""The MoE layer's expert GEMMs: the project's grouped GEMM ("block") vs `jax.lax.ragged_dot` (docs/SPEC.md §1.2).
 
 One MoE layer's routed-expert compute, `h = silu(x Wg) * (x Wu); y = h Wd` over the T*k (token, expert)
 rows sorted by expert, each GEMM a grouped GEMM (`horizon.quant.grouped.grouped_matmul(impl=...)`).

@@ -1,4 +1,4 @@
-"""The Hopper Pallas kernels on a GPU: error vs the pure-JAX reference and speed vs two XLA baselines (SPEC §3).
+"""The Hopper Pallas kernels on a GPU: error vs the pure-JAX reference and speed vs two XLA baselines (docs/SPEC.md §3).
 
 Per kernel and shape (A [M, K] @ B [N, K]^T, written MxKxN):
 

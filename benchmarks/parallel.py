@@ -1,4 +1,4 @@
-"""Step time and communicated bytes per mesh preset on the 8-device CPU mesh (SPEC §2).
+"""Step time and communicated bytes per mesh preset on the 8-device CPU mesh (docs/SPEC.md §2).
 
 Run: ``.venv/bin/python benchmarks/parallel.py [--steps 5] [--presets dp8,ep8] [--seq 64]``.
 Prints, per preset: compile time, mean step time of the sharded LM train step (tiny config), the

@@ -1,4 +1,4 @@
-"""Relative Frobenius quantization error ||deq(q(x)) - x|| / ||x|| on Gaussian data (SPEC §3).
+"""Relative Frobenius quantization error ||deq(q(x)) - x|| / ||x|| on Gaussian data (docs/SPEC.md §3).
 
 Prints MXFP8 (both scale rules), NVFP4 (per-tensor / per-token, ieee / approx division) and the
 error vs block size (8..128) for both formats. Usage: python benchmarks/quant_error.py [--rows R --cols C]

@@ -1,4 +1,4 @@
-"""Memory of the jitted RL trainer step for a chain batch of `--rows` x `--seq` tokens (SPEC §4).
+"""Memory of the jitted RL trainer step for a chain batch of `--rows` x `--seq` tokens (docs/SPEC.md §4).
 
 XLA's own accounting of the compiled step (`Compiled.memory_analysis()`: temporaries, arguments,
 outputs) for an experiment config, with `model.remat` off and on, on the whole batch and with

@@ -1,4 +1,4 @@
-"""Rollout engine vs the lockstep `generate` path (SPEC §4, §6; issue 24): prints measured numbers.
+"""Rollout engine vs the lockstep `generate` path (docs/SPEC.md §4, §6): prints measured numbers.
 
 Three workloads, each timed after a warm-up pass of the same shapes (XLA compiles excluded), fresh
 random prompts per timed repetition (so the engine cannot reuse the previous repetition's cache):
@@ -7,13 +7,12 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
    one with the previous repetition's, exactly `--new` sampled tokens each, no stop ids): generated
    tokens/s of `sampler.generate` as `make run` configures it
    (configs/rl_tiny.py's `rl.sampler`: buckets 32 / 128 / 128, 16 steps per sync), of the same with a
-   host sync after every token (what `generate` did when issue 24 was filed: its multi-token device
-   loop came with issue 20), of `generate` with the tightest buckets, of the engine (`engine.Engine`,
+   host sync after every token (what `generate` did before its multi-token device loop), of `generate` with the tightest buckets, of the engine (`engine.Engine`,
    `rl.sampler.engine_*`), of `--replicas` data-parallel engine replicas (`replicas.EngineReplicas`, one
    per CPU device: the process is given that many) and of Hugging Face `generate` with the same weights (`--skip-hf` leaves it
    out; `benchmarks/sampling.py`'s export). The same per-sequence keys: horizon's samples must be
    identical (printed). `--baseline-tree DIR` adds another checkout's `generate` on the same prompts
-   (`benchmarks/generate_at_tree.py`): the path issue 24 replaced, for its ">= 3x" goal.
+   (`benchmarks/generate_at_tree.py`): the path the engine replaced, against its ">= 3x" goal.
 2. **staggered** (`--stream` requests, budgets uniform in [8, `--new`], as a policy whose rows stop at
    different lengths): `generate` on batches of `--batch` decodes until its longest row is done (the
    lockstep path: a batch waits for its slowest row), the engine refills a slot as soon as its
@@ -128,7 +127,7 @@ def raw(c, params, args):
     res = {}
     buckets = f"buckets {sc.min_batch_bucket}/{sc.min_prompt_bucket}/{sc.min_new_bucket}, sync {sc.sync_tokens}"
     rows = [(f"generate, make run's rl.sampler ({buckets})", gen(sc)),
-            ("generate, host sync every token (the path issue 24 started from)",
+            ("generate, host sync every token (the path before the device loop)",
              gen(dataclasses.replace(sc, sync_tokens=1))),
             (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
             (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})", run_engine)]
@@ -223,7 +222,7 @@ def tree_raw(args, mk, run_engine, run_reps, ntok):
     for e, ts in eng_t.items():
         paired = statistics.median(b / t for b, t in zip(base_t, ts))
         print(f"  {e} / baseline-tree generate: {bm / statistics.median(ts):.2f}x (median of per-repetition ratios "
-              f"{paired:.2f}x; issue 24's raw goal: >= 3x)")
+              f"{paired:.2f}x; the engine's raw goal: >= 3x)")
 
 
 def hf_raw(c, params, args, mk):

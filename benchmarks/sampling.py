@@ -1,5 +1,5 @@
 """Sampling throughput: horizon's `sampler.generate` (jitted prefill + decode steps on the MLA latent
-cache) vs Hugging Face `generate` (PyTorch eager, DeepseekV3, its KV cache), same weights (SPEC §1, §4).
+cache) vs Hugging Face `generate` (PyTorch eager, DeepseekV3, its KV cache), same weights (docs/SPEC.md §1, §4).
 
 Both sides decode greedily exactly `--new` tokens for `--batch` prompts of `--prompt` random tokens
 (no stop token), on configs/small.py scaled like benchmarks/train_step.py (`--layers`, default 2 = 1

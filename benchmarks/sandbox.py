@@ -1,4 +1,4 @@
-"""Sandbox latency and throughput (SPEC §5): create+exec+destroy, and parallel execs.
+"""Sandbox latency and throughput (docs/SPEC.md §5): create+exec+destroy, and parallel execs.
 
     .venv/bin/python benchmarks/sandbox.py [--backend docker|local] [--n 20] [--concurrency 16]
 """

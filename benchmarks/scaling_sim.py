@@ -7,7 +7,7 @@ and takes from it, as measured on this machine:
     resampled with replacement (keeps the long tail of multi-turn episodes);
   * the trainer's time per group (`train_s / groups` of each step after the first, which compiles)
     and its fixed per-step cost (the publish time).
-Then a discrete-event simulation of `orchestrator.Orchestrator`'s admission control (SPEC §4: a batch
+Then a discrete-event simulation of `orchestrator.Orchestrator`'s admission control (docs/SPEC.md §4: a batch
 of step t starts only while ``t - newest_version <= max_staleness``) with W rollout nodes, each
 generating one batch at a time, a step = one batch per node (N = W × batch groups), and H trainer
 hosts dividing the per-group cost (data parallel, linear: optimistic for the trainer). H is set so

@@ -1,4 +1,4 @@
-"""Scoping run for the self-summarization study (issue 25, item 5): when does the key copy form?
+"""Scoping run for the self-summarization study (docs/SPEC.md §6): when does the key copy form?
 
     python benchmarks/selfsum_scope.py --config=configs/selfsum_tiny.py --config.exp.seeds='(0, 1, 2)'
 

@@ -1,4 +1,4 @@
-"""Train-step throughput: horizon (JAX, jitted) vs Hugging Face DeepseekV3 (PyTorch eager), same model (SPEC §1).
+"""Train-step throughput: horizon (JAX, jitted) vs Hugging Face DeepseekV3 (PyTorch eager), same model (docs/SPEC.md §1).
 
 Both sides run one full optimizer step per iteration on the same batch and the same weights (horizon's
 init, exported with `hf.export_hf_checkpoint` and loaded with `from_pretrained`):
@@ -23,7 +23,7 @@ machine's float32 matmul peak, measured in the same run (`--peak-n`: a jitted n 
 
     .venv/bin/python benchmarks/train_step.py [--layers 2 --seq 128 --batch 4 --steps 5 --warmup 2]
 
-On a GPU (issue 27), a config at its own shapes and dtypes, without HF, against the measured bf16 peak
+On a GPU, a config at its own shapes and dtypes, without HF, against the measured bf16 peak
 and the spec peak (`--spec-peak`, TFLOP/s), with a MoE precision recipe and grouped-GEMM implementation:
 
     JAX_PLATFORMS=cuda python3 benchmarks/train_step.py --config configs/v2_lite.py --skip-hf \

@@ -1,4 +1,4 @@
-"""Async data paths (SPEC §4.1, issue 23): fsspec storage vs Ray's object store, and the delta codec.
+"""Async data paths (docs/SPEC.md §4.1): fsspec storage vs Ray's object store, and the delta codec.
 
 Uses a finished `experiments/rl_async.py` run (default runs/rl_async_tiny/async): its written
 groups and its published weight versions (real training steps of configs/rl_async_tiny.py, whose

@@ -1,4 +1,4 @@
-"""Asynchronous RL config: configs/rl_tiny.py + an `async_` section (SPEC §4, §4.1).
+"""Asynchronous RL config: configs/rl_tiny.py + an `async_` section (docs/SPEC.md §4, §4.1).
 
 Read by the async runtime (`horizon.rl.runtime.orchestrator`, `horizon.rl.runtime.processes`),
 `horizon.rl.runtime.weight_sync` (publisher options) and experiments/rl_async.py.

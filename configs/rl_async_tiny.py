@@ -1,4 +1,4 @@
-"""Async vs sync RL on experiments/rl.py's task (`make run`'s config-edit family), SPEC §4, §4.1.
+"""Async vs sync RL on experiments/rl.py's task (`make run`'s config-edit family), docs/SPEC.md §4, §4.1.
 
 configs/rl_tiny.py (model, agent, RL hyperparameters, task family, Docker sandboxes) + the
 `async_` section of configs/rl_async.py with `env="experiment"`.

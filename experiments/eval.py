@@ -1,4 +1,4 @@
-"""Evaluate policy checkpoints on a task set in sandboxes (SPEC §7): mean accuracy, best-of-K, efficiency.
+"""Evaluate policy checkpoints on a task set in sandboxes (docs/SPEC.md §7): mean accuracy, best-of-K, efficiency.
 
     python experiments/eval.py --config=configs/eval_tiny.py
     python experiments/eval.py --config=configs/eval_tiny.py --config.eval.checkpoints='("rl=runs/rl_tiny/ckpt",)'

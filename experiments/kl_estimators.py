@@ -1,4 +1,4 @@
-"""Report figure 4: KL estimators k1/k2/k3 on two unit-variance Gaussians (SPEC §4).
+"""Report figure 4: KL estimators k1/k2/k3 on two unit-variance Gaussians (docs/SPEC.md §4).
 
 Samples x ~ q = N(0, 1), reference p = N(Δμ, 1), r = p/q; estimators from
 `horizon.rl.algo.losses.kl_estimate`. For equal variances KL(q||p) = KL(p||q) = Δμ²/2.

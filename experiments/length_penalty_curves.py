@@ -1,4 +1,4 @@
-"""Report figure 6: the family of nonlinear length-penalty curves f(x; k, q) (SPEC §4).
+"""Report figure 6: the family of nonlinear length-penalty curves f(x; k, q) (docs/SPEC.md §4).
 
 f(x; k, q) = ((1 + kx)^(1-q) - 1) / (k(1-q)), and log(1 + kx)/k at q = 1
 (`horizon.env.rewards.penalty_curve`). Left: several q at fixed k; middle: several k at

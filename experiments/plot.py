@@ -1,4 +1,4 @@
-"""Re-plot any metrics JSONL to a PNG: choose the x key and y keys (SPEC §7).
+"""Re-plot any metrics JSONL to a PNG: choose the x key and y keys (docs/SPEC.md §7).
 
     python experiments/plot.py runs/pretrain_tiny/metrics.jsonl --x=step --y=loss --y=eval_loss
     python experiments/plot.py runs/eval_tiny/records.jsonl --x=pass_index --y=completion_tokens --group=policy

@@ -1,11 +1,11 @@
-"""Pretrain an LM on local code (SPEC §8): `python experiments/pretrain.py --config=configs/tiny.py`.
+"""Pretrain an LM on local code (docs/SPEC.md §8): `python experiments/pretrain.py --config=configs/tiny.py`.
 
     python experiments/pretrain.py --config=configs/tiny.py --config.train.steps=50 --config.train.output_dir=runs/x
 
 Logs train loss every `log_every` and held-out loss every `eval_every` (and at step 0) to
 `<train.output_dir>/metrics.jsonl`, checkpoints every `checkpoint_every`, resumes from the newest
 checkpoint in that dir (also across meshes), and ends with a loss-curve PNG and a summary. The step
-runs on the mesh of `mesh` (SPEC §2; default one device, `--config.mesh.preset=ep4xcp2` etc. on 8
+runs on the mesh of `mesh` (docs/SPEC.md §2; default one device, `--config.mesh.preset=ep4xcp2` etc. on 8
 devices): params, optimizer state and batches placed by the logical-axis rules, the one
 `lm.train_step` partitioned (`horizon.parallel.sharded`). Bad config values stop with one line and
 exit code 2 before anything starts (`lm.validate_train_config`).

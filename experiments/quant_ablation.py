@@ -1,4 +1,4 @@
-"""Quant ablation (SPEC §3): tiny MoE pretraining runs that differ only in the expert-GEMM recipe.
+"""Quant ablation (docs/SPEC.md §3): tiny MoE pretraining runs that differ only in the expert-GEMM recipe.
 
 `python experiments/quant_ablation.py --config=configs/quant_ablation.py [--config.train.output_dir=runs/x]`
 

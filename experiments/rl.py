@@ -1,4 +1,4 @@
-"""SFT warm start + RL over agent rollouts in Docker sandboxes, on CPU (SPEC §4, §6, §7).
+"""SFT warm start + RL over agent rollouts in Docker sandboxes, on CPU (docs/SPEC.md §4, §6, §7).
 
     python experiments/rl.py --config=configs/rl_tiny.py            # the demo (`make run`)
     python experiments/rl.py --config=configs/rl_tiny_bpe.py        # the same with a BPE tokenizer
@@ -9,7 +9,7 @@ Environment. A byte-level tiny model cannot solve the hand-written task set, so 
 trains on a procedurally generated family (`horizon.tasks.synthetic`): "In settings.py set
 TIMEOUT to 17." (the file has TIMEOUT = 42 among 2-4 constants) solved by ONE call of the env's compact tool
 `<function=set><parameter=value>17</parameter><parameter=name>TIMEOUT</parameter></function>`
-(SPEC §5 per-environment tool sets: executed for real in the sandbox, one exec), whose two
+(docs/SPEC.md §5 per-environment tool sets: executed for real in the sandbox, one exec), whose two
 arguments are copied from the prompt; a fast `python3 -B -c` check is the verifier. Held-out
 tasks are unseen seeds of the same family; the env has its own short system prompt (`synthetic.SYSTEM_PROMPT`).
 

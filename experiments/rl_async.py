@@ -1,4 +1,4 @@
-"""Asynchronous vs synchronous RL at equal wall time (SPEC §4, §4.1).
+"""Asynchronous vs synchronous RL at equal wall time (docs/SPEC.md §4, §4.1).
 
 Runs, on the same env / model / optimizer / prompt order (configs/rl_async.py):
 

@@ -1,4 +1,4 @@
-"""Self-summarization vs its baselines, each trained as hard, over several seeds (SPEC §6, §4; issue 25).
+"""Self-summarization vs its baselines, each trained as hard, over several seeds (docs/SPEC.md §6, §4).
 
     python experiments/selfsum.py --config=configs/selfsum_tiny.py                 # key_recall, 3 seeds
     python experiments/selfsum.py --config=configs/selfsum_relay.py                # key_relay: >= 2 summaries

@@ -1,4 +1,4 @@
-"""Run an experiment script once per config override and tabulate the runs (SPEC §7 researcher workflow).
+"""Run an experiment script once per config override and tabulate the runs (docs/SPEC.md §7 researcher workflow).
 
     python experiments/sweep.py --sweep=configs/sweeps/lr_tiny.py [--out=runs/sweeps/lr_tiny] [--dry_run]
 

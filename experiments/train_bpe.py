@@ -1,4 +1,4 @@
-"""Train the repo's own byte-level BPE tokenizer (issue 22): no download, same corpus as pretraining.
+"""Train the repo's own byte-level BPE tokenizer: no download, same corpus as pretraining.
 
     .venv/bin/python experiments/train_bpe.py --config=configs/tiny.py [--vocab 1024] [--out PATH]
 

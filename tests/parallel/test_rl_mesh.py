@@ -1,4 +1,4 @@
-"""RL runs on the mesh of its config (SPEC §2, §4): from one SFT checkpoint and the same fixed groups,
+"""RL runs on the mesh of its config (docs/SPEC.md §2, §4): from one SFT checkpoint and the same fixed groups,
 2 RL steps (`runtime.resume_rl_state` + `runtime.train_groups`: global sequence packing, then the one
 `trainer.train_step`) on `ep4xcp2` reach the single-device params; the RL checkpoint written on the
 mesh restores onto one device with identical values; the packed rows balance the 4 data-parallel

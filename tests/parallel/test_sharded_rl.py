@@ -1,4 +1,4 @@
-"""Sharded RL train step (router replay, CP natural layout + EP) == single-device step (SPEC §2, §4)."""
+"""Sharded RL train step (router replay, CP natural layout + EP) == single-device step (docs/SPEC.md §2, §4)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,5 @@
 """The RL sampler runs sharded end to end: greedy `generate` with params placed by the mesh rules and
-the batch / latent KV cache split over the batch axes == the single-device run (SPEC §2, §4)."""
+the batch / latent KV cache split over the batch axes == the single-device run (docs/SPEC.md §2, §4)."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""Asynchronous RL (SPEC §4, §4.1): in-flight weight switches with per-token versions, staleness
+"""Asynchronous RL (docs/SPEC.md §4, §4.1): in-flight weight switches with per-token versions, staleness
 admission control, group store, and a trainer SIGKILL + restart that regenerates nothing and
 reproduces the uninterrupted run bit for bit."""
 

@@ -1,4 +1,4 @@
-"""Chain-of-segments batch layout (SPEC §4 "Advantages for summary chains")."""
+"""Chain-of-segments batch layout (docs/SPEC.md §4 "Advantages for summary chains")."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The trainer as an actor group joined by jax.distributed (issue 23, SPEC §4).
+"""The trainer as an actor group joined by jax.distributed (docs/SPEC.md §4.1).
 
 Two Ray actors, 4 fake CPU devices each, form one 2-process JAX job over the run's 8-device mesh
 (ep4xcp2: the expert and context axes cross the process boundary). On the same groups they must

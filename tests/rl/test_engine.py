@@ -1,4 +1,4 @@
-"""The rollout engine (horizon.inference.engine, SPEC §1, §4, §6; issue 24): the training forward's
+"""The rollout engine (horizon.inference.engine, docs/SPEC.md §1, §4, §6): the training forward's
 logprobs and routing, continuous batching == one-at-a-time `generate`, per-turn prefill of only the
 new tokens, one prefill per group, in-flight weight swaps, and the agent loop's independent path.
 

@@ -1,4 +1,4 @@
-"""The rollout engine on a multi-device mesh (horizon.inference.engine, SPEC §2, §4; issue 24): params
+"""The rollout engine on a multi-device mesh (horizon.inference.engine, docs/SPEC.md §2, §4): params
 placed by the mesh rules, the slot cache split over the batch axes, and the same samples as the
 engine on one device with the same request keys — continuous batching, a group's prompt copied to its
 followers, an episode's cache swapped out and back in, later turns reusing their cache.

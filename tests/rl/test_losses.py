@@ -1,4 +1,4 @@
-"""Tests for horizon.rl.algo.losses (SPEC §4): hand-computed values, length weighting, KL gradients."""
+"""Tests for horizon.rl.algo.losses (docs/SPEC.md §4): hand-computed values, length weighting, KL gradients."""
 
 import dataclasses
 import math
@@ -47,7 +47,7 @@ def _verl_grpo(scores: np.ndarray, index: list[int], eps: float) -> np.ndarray:
 
 @pytest.mark.parametrize("group_size", [2, 3, 8])
 def test_group_std_normalize_is_unbiased_like_verl(group_size):
-    """Issue 22: GRPO's std is the unbiased one (ddof=1), as verl / TRL (torch.std)."""
+    """GRPO's std is the unbiased one (ddof=1), as verl / TRL (torch.std)."""
     rng = np.random.default_rng(group_size)
     r = rng.normal(size=(5, group_size)).astype(np.float32)
     eps = 1e-6
@@ -442,7 +442,7 @@ def test_mean_group_max_is_best_of_k_and_pass_at_n():
     assert float(L.mean_group_max(r, valid)) == pytest.approx(float(r.max(axis=1)[jnp.array([0, 1, 3])].mean()))
 
 
-# ----------------------------------------------------------------------------- stale tokens (issue 23, item 4)
+# ----------------------------------------------------------------------------- stale tokens (docs/SPEC.md §4.1)
 # Five rows of loss-token ratios r = exp(logprobs - sampler_logprobs) that straddle the caps below
 # (token band [1/3, 3], TIS cap 2, geometric-mean band [2/3, 1.5]); "x" = not a loss token.
 #   row 0  1.25 0.9  2.5  1.1  x     geo 1.33 (kept)   2.5 TIS-capped

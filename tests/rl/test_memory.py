@@ -1,4 +1,4 @@
-"""Pre-run memory check of the RL trainer step (issue 26, `horizon.rl.runtime.memory`): the largest batch
+"""Pre-run memory check of the RL trainer step (`horizon.rl.runtime.memory`): the largest batch
 a run can produce, XLA's memory of the step compiled for it from abstract shapes, and the one-line
 error experiments/rl.py stops with before any sandbox, warm start or eval."""
 

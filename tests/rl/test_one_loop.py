@@ -1,4 +1,4 @@
-"""One RL loop (SPEC §4, §4.1): the synchronous loop (`loop.run_rl`) and the asynchronous runtime
+"""One RL loop (docs/SPEC.md §4, §4.1): the synchronous loop (`loop.run_rl`) and the asynchronous runtime
 at `max_staleness = 0` are shells over the same three pieces (`horizon.rl.runtime.core`), so with the
 same config, seed and XLA flags, and float32 weight publishing, they train on identical groups and
 reach identical params."""

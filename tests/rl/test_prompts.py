@@ -1,4 +1,4 @@
-"""Single-epoch prompt sampler with hard-prompt oversampling (SPEC §4)."""
+"""Single-epoch prompt sampler with hard-prompt oversampling (docs/SPEC.md §4)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The async runtime on a real multi-node Ray cluster survives losing a rollout node (issue 23, SPEC §4).
+"""The async runtime on a real multi-node Ray cluster survives losing a rollout node (docs/SPEC.md §4.1).
 
 `ray.cluster_utils.Cluster` starts a head (the trainer's node: custom resource "trainer") and two
 worker nodes (resource "rollout") as separate raylets on this machine; the orchestrator joins it

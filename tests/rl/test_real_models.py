@@ -1,4 +1,4 @@
-"""Real models in the loop (issue 22): experiments/rl.py with the repo's BPE tokenizer, and from an HF
+"""Real models in the loop: experiments/rl.py with the repo's BPE tokenizer, and from an HF
 checkpoint directory with its tokenizer.json (`model.init_from`), 2 RL steps each in Docker."""
 
 from __future__ import annotations

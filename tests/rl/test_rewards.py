@@ -1,4 +1,4 @@
-"""Tests for horizon.env.rewards (SPEC §4): length-penalty curve family, effort, hooks."""
+"""Tests for horizon.env.rewards (docs/SPEC.md §4): length-penalty curve family, effort, hooks."""
 
 import math
 

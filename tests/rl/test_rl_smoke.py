@@ -1,4 +1,4 @@
-"""End-to-end smoke test of experiments/rl.py in Docker: SFT -> eval -> RL step -> eval (SPEC §4).
+"""End-to-end smoke test of experiments/rl.py in Docker: SFT -> eval -> RL step -> eval (docs/SPEC.md §4).
 
 Tiny settings (2 SFT steps, 1 RL step of 2 prompts x 4 rollouts, 4 held-out tasks x 2 passes,
 16-token generations, small compile buckets). The run is dominated by jit compiles (SFT step,
@@ -61,7 +61,7 @@ def test_rl_driver_end_to_end(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.timeout(3600)   # five strategies' RL compiles: > 900 s on 2 shared cores (docs/PERF.md, issue 25)
+@pytest.mark.timeout(3600)   # five strategies' RL compiles: > 900 s on 2 shared cores (docs/PERF.md)
 def test_selfsum_driver_end_to_end(tmp_path):
     """experiments/selfsum.py at toy size: equal-share demos of every strategy, one SFT, RL per strategy from
     the same params (train_step donates its state: the second run must not see deleted buffers), the

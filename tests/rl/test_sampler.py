@@ -1,4 +1,4 @@
-"""Sampler vs the training forward (SPEC §1: the latent-cache decode must match training)."""
+"""Sampler vs the training forward (docs/SPEC.md §1: the latent-cache decode must match training)."""
 
 import dataclasses
 import functools
@@ -89,7 +89,7 @@ def test_temperature_sampling_is_random_but_deterministic(setup):
 
 
 def test_a_sequence_samples_the_same_whatever_its_batch_mates_and_chunking(setup):
-    """Per-sequence keys (issue 24): row 0's sampled tokens (temperature 1) are the same with other
+    """Per-sequence keys: row 0's sampled tokens (temperature 1) are the same with other
     batch-mates, alone (a smaller batch bucket), and for another decode chunking."""
     mcfg, params, prompts, _ = setup
     sc = SamplerConfig(temperature=1.0, stop_tokens=())
@@ -129,7 +129,7 @@ def test_inverse_cdf_draws_follow_the_softmax_and_never_a_zero_mass_token(p):
 def test_token_keys_and_uniform_equal_jax_random_bit_for_bit():
     """The unrolled Threefry (`sampler.threefry2x32`) reproduces `jax.random`: `token_keys` =
     vmapped ``fold_in`` and `uniform01` = ``uniform(key, (), float32)``, bit for bit, so the samples
-    did not change when the rolled loops went (issue 24)."""
+    did not change when the rolled loops went."""
     seq = sampler.sequence_keys(jax.random.key(7), 64)
     idx = jnp.arange(64, dtype=jnp.int32) * 977 + 3
     got = sampler.token_keys(seq, idx)

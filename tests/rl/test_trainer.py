@@ -1,4 +1,4 @@
-"""RL train step on a tiny synthetic batch (SPEC §4): direction of updates, masking, router replay."""
+"""RL train step on a tiny synthetic batch (docs/SPEC.md §4): direction of updates, masking, router replay."""
 
 import functools
 import pathlib
@@ -92,7 +92,7 @@ def test_step_moves_logprobs_with_advantage_sign(env):
     for key in ("kl_k1", "entropy", "clip_frac", "grad_norm", "loss", "min_policy_version"):
         assert np.isfinite(float(m[key])), key
     assert float(m["grad_norm"]) > 0 and float(m["min_policy_version"]) == 3
-    # issue 23: corrections off by default (nothing masked or capped); every trained token in the lag
+    # stale-token corrections off by default (nothing masked or capped); every trained token in the lag
     # histogram (versions 3 > step 0 cannot come from the loops: counted as lag 0)
     assert float(m["stale/masked_token_fraction"]) == 0 and float(m["stale/tis_clipped_fraction"]) == 0
     np.testing.assert_allclose(float(m["stale/mean_ratio"]), float(m["ratio_mean"]))
@@ -174,7 +174,7 @@ def test_masked_router_load_excludes_padding():
 
 
 def test_version_lag_counts_histogram():
-    """Issue 23: loss-token counts by lag = step - policy version, lags 0..7 and >= 8; tokens off the
+    """Loss-token counts by lag = step - policy version, lags 0..7 and >= 8; tokens off the
     loss mask do not count; a split batch ([M, rows, S]) gives the same counts."""
     v = np.array([[10, 9, 9, 3, -1, 2], [12, 11, 0, 5, 10, -1]], np.int32)    # at step 10
     mask = np.array([[1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 0, 0]], bool)

@@ -1,4 +1,4 @@
-"""Delta weight sync (SPEC §4): bit-exact rebuild from the chain, size after a small-LR Adam step,
+"""Delta weight sync (docs/SPEC.md §4): bit-exact rebuild from the chain, size after a small-LR Adam step,
 integrity checks, full snapshots + pruning, atomic commits."""
 
 import json

@@ -1,4 +1,4 @@
-"""How the policy samples (SPEC §1, §4, §4.1). Design: docs/INFERENCE.md.
+"""How the policy samples (docs/SPEC.md §1, §4, §4.1). Design: docs/INFERENCE.md.
 
 - `policy.py`: `Generation`, the `Policy` interface, `EnginePolicy` (``policy(contexts, max_new)``
   and ``policy.stream()``, through which `horizon.agent.run_episodes` advances episodes

@@ -62,7 +62,7 @@ ENGINE_COUNTS = ("engine_slots", "engine_prefill_chunk", "engine_min_prefill_chu
 
 
 def validate_engine(c) -> None:
-    """`rl.sampler`'s `engine_*` fields (`engine_config`, SPEC §4; the rollout engine is every caller's
+    """`rl.sampler`'s `engine_*` fields (`engine_config`, docs/SPEC.md §4; the rollout engine is every caller's
     sampler): sizes >= 1, a slot count that divides over the engine replicas
     (`engine_replicas`, 1 with a multi-device mesh) and over the data-parallel
     ranks of the config's mesh (a buildable one, `mesh.validate_mesh`; the slot cache is split over

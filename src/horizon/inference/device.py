@@ -1,4 +1,4 @@
-"""The rollout engine's jitted device functions (SPEC §1, §4): chunked prefill of cache rows,
+"""The rollout engine's jitted device functions (docs/SPEC.md §1, §4): chunked prefill of cache rows,
 first-token draws, prefix copies, park-store swaps and the multi-step decode loop.
 
 Kept apart from the host-side `engine.Engine` so what compiles (and on which shapes) is in one

@@ -1,4 +1,4 @@
-"""The rollout engine (SPEC §1, §4, §4.1, §6): continuous batching of generation requests over a
+"""The rollout engine (docs/SPEC.md §1, §4, §4.1, §6): continuous batching of generation requests over a
 fixed set of latent-cache slots, an episode's cache kept across its turns.
 
 `Engine` is the host loop: it queues `Request`s, admits them to slots (`slots.SlotTable`: queue

@@ -157,7 +157,7 @@ class EnginePolicy:
 
 def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
                    **overrides) -> EnginePolicy:
-    """The agent policy every caller samples with (SPEC §4, §4.1, §7): an `EnginePolicy` for the RL
+    """The agent policy every caller samples with (docs/SPEC.md §4, §4.1, §7): an `EnginePolicy` for the RL
     loops' group rollouts (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval
     (`rl.runtime.loop.evaluate`) and the eval harness (`eval.harness.policy_from_params`), on one
     device or sharded over the config's mesh (docs/INFERENCE.md, "Mesh"). `params_ref` is a

@@ -1,4 +1,4 @@
-"""Data-parallel rollout engine replicas (SPEC §4, §6): `EngineReplicas`, one `engine.Engine` per
+"""Data-parallel rollout engine replicas (docs/SPEC.md §4, §6): `EngineReplicas`, one `engine.Engine` per
 local device behind the one engine interface, and `make_engine`, which builds what the config asks
 for (``rl.sampler.engine_replicas``).
 

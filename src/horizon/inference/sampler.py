@@ -1,4 +1,4 @@
-"""Batched autoregressive sampling with the MLA latent KV cache (SPEC §1, §4, §4.1).
+"""Batched autoregressive sampling with the MLA latent KV cache (docs/SPEC.md §1, §4, §4.1).
 
 `generate` decodes one fixed batch of prompts: the reference every sampler is tested against and
 the fixed-batch path of benchmarks and tests. Agents and every RL / eval caller sample through the
@@ -144,7 +144,7 @@ def sample_from_logits(
     """Draw one token per row, row i with ``keys[i]``; return (token, untempered log-prob of it).
 
     `temperature` and `top_p` are scalars or one value per row (the engine's per-request sampling
-    parameters, SPEC §4); a row's draw depends only on its own logits, key and parameters.
+    parameters, docs/SPEC.md §4); a row's draw depends only on its own logits, key and parameters.
     temperature <= 0 is greedy (argmax). top_p < 1 keeps the smallest set of most likely tokens
     (under the tempered distribution) whose mass reaches top_p (always >= 1 token). Both are
     traced, so changing them does not recompile.
@@ -213,7 +213,7 @@ def decode_chunk(params, cache, tok, lp, lengths, start, seq_keys, temperature, 
 
 def decode_one(params: dict, cache: dict, tok: Int[Array, " b"], pos: Int[Array, " b"], keys: jax.Array,
                temperature: Float[Array, "*b"], top_p: Float[Array, "*b"], cfg):
-    """The one decode step (SPEC §1, §4) every decoder runs (`decode_step`, `decode_chunk`, the rollout
+    """The one decode step (docs/SPEC.md §1, §4) every decoder runs (`decode_step`, `decode_chunk`, the rollout
     engine's loop): feed `tok` at `pos` through `transformer.decode` (its latents written at slot
     `pos`; a position past the cache is not written), sample the next token per row with `keys`.
     Returns (cache, next token, its untempered logprob, the fed tokens' routing [L_moe, b, k])."""
@@ -479,7 +479,7 @@ def lower_decode_step(params, cfg, batch: int, max_len: int):
 
 # ----------------------------------------------------------------------------- weights holder
 class ParamsHolder:
-    """Mutable holder for the sampler's weights + a version counter (SPEC §4.1).
+    """Mutable holder for the sampler's weights + a version counter (docs/SPEC.md §4.1).
 
     The trainer (or weight-sync receiver) calls `update(new_params)`; the rollout engine's policy
     (`policy.EnginePolicy`, `policy.rollout_policy`) polls `get` at every engine round-trip, so a

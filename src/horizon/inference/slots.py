@@ -1,4 +1,4 @@
-"""The rollout engine's host-side slot bookkeeping (SPEC §4): which request takes which cache row,
+"""The rollout engine's host-side slot bookkeeping (docs/SPEC.md §4): which request takes which cache row,
 which cached prefix it reuses, and the park store of swapped-out episode caches.
 
 Plain host code over token arrays, apart from `engine.Engine`, so the queue policy (FIFO, nothing

@@ -1,4 +1,4 @@
-"""horizon.rl: reinforcement learning on agent rollouts (SPEC §4), by layer.
+"""horizon.rl: reinforcement learning on agent rollouts (docs/SPEC.md §4), by layer.
 
 - `horizon.rl.algo`: losses, rewards, batch layout, the RL train step (pure);
 - `horizon.inference`: the one `generate` and the policy adapter;

@@ -1,4 +1,4 @@
-"""The three pieces every RL loop is made of (SPEC §4, §4.1): one prompt schedule, one group
+"""The three pieces every RL loop is made of (docs/SPEC.md §4, §4.1): one prompt schedule, one group
 rollout, one train step on groups.
 
 `horizon.rl.runtime.loop.run_rl` (synchronous: roll out step t with version t, then train, one process)
@@ -15,7 +15,7 @@ groups and reach identical params (tests/rl/test_one_loop.py).
   slots (`rl.slots_per_batch`, 0 = the whole step); one batch is one batched generation
   (`rollout_groups`) whose sampling key is ``fold_in(run_keys(seed)["rollout"], first slot)``:
   the same batch gets the same samples in every loop and after every restart.
-- **Infrastructure failures** (issue 21) never reach the trainer: the env reruns a group whose
+- **Infrastructure failures** (docs/SPEC.md §4.1 "infrastructure is not the policy") never reach the trainer: the env reruns a group whose
   sandbox failed (`rl.infra.group_retries`); a group still failing is replaced in `rollout_groups`
   by the group of a fresh prompt from the slot's reserve (`rl.infra.replacements` prompts per slot,
   drawn past the run's prompt set, so no prompt is trained twice and both loops replace alike).
@@ -23,7 +23,7 @@ groups and reach identical params (tests/rl/test_one_loop.py).
   counts what it took (`INFRA_KEYS`, summed into the step's metrics by `train_groups`).
 - **Training.** `train_groups` builds the batch of a step's groups in slot order
   (`batch.build_batch_from_config`), packs its rows over the mesh's data-parallel ranks
-  (`pack_rows`, SPEC §2 global sequence packing) and takes one `trainer.train_step` (on the run's
+  (`pack_rows`, docs/SPEC.md §2 global sequence packing) and takes one `trainer.train_step` (on the run's
   mesh, `c.mesh`). `resume_rl_state` is the one start of a trainer: state on the mesh, restored
   from the run's newest checkpoint.
 """
@@ -231,7 +231,7 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
 
 
 def pack_rows(b: dict, cfg) -> tuple[dict, dict]:
-    """Global sequence packing before an RL step (SPEC §2): `b`'s rows (one segment each, SPEC §4)
+    """Global sequence packing before an RL step (docs/SPEC.md §2): `b`'s rows (one segment each, docs/SPEC.md §4)
     reordered so that the contiguous split over the mesh's data-parallel ranks
     (`mesh.data_ranks`) balances the estimated cost per rank (`mesh.packing_cost_a/b`, 0/0 = the
     model's analytic attention-aware cost, `packing.model_cost_model`; method `mesh.packing`).

@@ -1,4 +1,4 @@
-"""The async trainer as an actor group joined by jax.distributed (SPEC §4 async runtime, issue 23).
+"""The async trainer as an actor group joined by jax.distributed (docs/SPEC.md §4.1).
 
 `async_.trainer_processes` = n Ray actors (one per host) form one multi-controller JAX job over the
 run's mesh (`c.mesh`): each gets mesh devices / n local devices (`async_setup.child_env`), the driver

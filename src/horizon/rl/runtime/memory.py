@@ -1,4 +1,4 @@
-"""Memory of the RL trainer step before a run starts (issue 26; SPEC §4).
+"""Memory of the RL trainer step before a run starts (docs/SPEC.md §4).
 
 A long-context RL run (configs/rl_swegen.py: 4k tokens) died in its first train step, after the
 sandboxes, the warm start and the step-0 eval had run, on a 99.8 GB allocation. This module asks
@@ -22,7 +22,7 @@ XLA for the step's memory up front: `trainer.compile_train_step` on abstract sha
   seeds x strategies in one process), drop every compiled executable when the process holds more than
   `rl.memory_check.mappings_fraction` of Linux's `vm.max_map_count`. Each XLA CPU executable keeps ~10^3
   memory mappings; at the limit LLVM's next compile fails ("Unable to allocate section memory") and the
-  process dies with host memory to spare (docs/PERF.md, 2026-12-05).
+  process dies with host memory to spare (docs/PERF.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Single-epoch prompt sampler with late hard-prompt oversampling (SPEC §4).
+"""Single-epoch prompt sampler with late hard-prompt oversampling (docs/SPEC.md §4).
 
-SPEC §4: "single epoch (no prompt trained twice)" and "late in training, oversample hard
+docs/SPEC.md §4: "single epoch (no prompt trained twice)" and "late in training, oversample hard
 prompts by simple heuristics (turns, thinking tokens)". The two are reconciled like this:
 
 * Every prompt id is handed out at most once over the sampler's lifetime. The order is a
@@ -47,7 +47,7 @@ class _Stats:
 
 
 class PromptSampler:
-    """Hands out prompt ids for RL, each at most once (SPEC §4 single epoch).
+    """Hands out prompt ids for RL, each at most once (docs/SPEC.md §4 single epoch).
 
     Args:
       prompt_ids: the full prompt set (unique strings).
@@ -150,7 +150,7 @@ class PromptSampler:
 
     # ---------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict:
-        """JSON-able state: enough to resume without repeating a prompt (SPEC §4)."""
+        """JSON-able state: enough to resume without repeating a prompt (docs/SPEC.md §4)."""
         def dump(d):
             return {k: [v.n, v.turns, v.thinking] for k, v in d.items()}
         return dict(

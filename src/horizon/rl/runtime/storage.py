@@ -1,4 +1,4 @@
-"""Group- and rollout-level checkpoint stores for asynchronous RL (SPEC §4 "Fault tolerance").
+"""Group- and rollout-level checkpoint stores for asynchronous RL (docs/SPEC.md §4 "Fault tolerance").
 
 Three checkpoint levels make a restart cheap:
 
@@ -44,7 +44,7 @@ _GROUP_RE = re.compile(r"group_(\d{8})\.pkl")
 
 @dataclasses.dataclass
 class GroupRecord:
-    """One scored prompt group, the unit the trainer consumes (SPEC §4).
+    """One scored prompt group, the unit the trainer consumes (docs/SPEC.md §4).
 
     `trajectories` are `horizon.agent.Trajectory`s (per-token `policy_versions` in their
     segments); `advantages` are the Dr.GRPO chain advantages (reward - group mean), stored for

@@ -1,4 +1,4 @@
-"""Weight sync by compressed deltas through storage addressed by URL (SPEC §4 "Weight sync by deltas").
+"""Weight sync by compressed deltas through storage addressed by URL (docs/SPEC.md §4 "Weight sync by deltas").
 
 The trainer *publishes* each policy version; rollout workers *receive* it. The directory is a
 local path or an fsspec URL (`horizon.utils.files.UrlDir`: a shared filesystem, s3://, gs://);
@@ -47,7 +47,7 @@ cached previous version when the chain continues from it) and applying the delta
 check every rebuilt version against its manifest sha256 (`IntegrityError` on mismatch).
 `AsyncPublisher` moves the device->host copy off the critical path's encode: the trainer only
 pays for `np.asarray` of the params; encoding and writing happen in a background thread, so
-training does not block on the upload (SPEC §4 "pipelined so training never blocks").
+training does not block on the upload (docs/SPEC.md §4 "pipelined so training never blocks").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rollout-worker pieces: weight source and environments (SPEC §4.1).
+"""Rollout-worker pieces: weight source and environments (docs/SPEC.md §4.1).
 
 **In-flight updates**: a worker's policy is `horizon.inference.policy.rollout_policy(source.poll, cfg,
 key, chunk_tokens=..., kv_mode=...)` (through `core.rollout_groups`; the rollout engine, on one device

@@ -43,6 +43,7 @@ def main(argv=None):
     import jax
     import ml_collections
     import numpy as np
+
     from horizon.model.params import numpy_init
     sampler = importlib.import_module("horizon.rl.rollout.sampler")     # the layout of the trees it times
     from horizon.utils.config import load_config_file

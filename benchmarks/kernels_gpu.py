@@ -43,8 +43,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from horizon.quant import grouped as GRP  # noqa: E402
 from horizon.quant import formats as F  # noqa: E402
+from horizon.quant import grouped as GRP  # noqa: E402
 from horizon.quant.matmul import blockscaled_matmul_reference, grouped_blockscaled_matmul_reference  # noqa: E402
 
 DEFAULT_SHAPES = "4096x7168x16384,4096x7168x2048,4096x2048x7168"

@@ -21,7 +21,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from horizon.model import transformer  # noqa: E402
-from horizon.parallel import experts, mesh as pmesh, sharded  # noqa: E402
+from horizon.parallel import experts, sharded  # noqa: E402
+from horizon.parallel import mesh as pmesh
 from horizon.train import lm  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 

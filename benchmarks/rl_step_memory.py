@@ -29,9 +29,9 @@ import numpy as np
 
 from horizon.agent import Segment, Trajectory
 from horizon.model import transformer
-from horizon.rl.runtime import memory
 from horizon.rl.algo import batch as rlbatch
 from horizon.rl.algo import trainer
+from horizon.rl.runtime import memory
 from horizon.utils.config import load_config_file
 
 

@@ -48,13 +48,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
-
 import sampling  # noqa: E402  (same directory: the HF export and generate of benchmarks/sampling.py)
-from horizon.model.params import numpy_init  # noqa: E402
+
 from horizon.inference import engine as E  # noqa: E402
 from horizon.inference import policy as engine_policy  # noqa: E402
 from horizon.inference import replicas as R  # noqa: E402
 from horizon.inference import sampler  # noqa: E402
+from horizon.model.params import numpy_init  # noqa: E402
 from horizon.utils import timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 

@@ -17,13 +17,12 @@ import argparse
 import statistics
 import tempfile
 
-from train_step import small_config  # same directory: the benchmark model (sets JAX on CPU, sys.path)
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from train_step import small_config  # same directory: the benchmark model (sets JAX on CPU, sys.path)
 
-from horizon.model import hf, transformer  # noqa: E402
 from horizon.inference import sampler  # noqa: E402
+from horizon.model import hf, transformer  # noqa: E402
 from horizon.utils.timing import timed  # noqa: E402
 
 

@@ -18,9 +18,9 @@ import sys
 import time
 
 from horizon.agent.summarize import SUMMARIZING
-from horizon.studies import selfsum as ss
 from horizon.model import transformer
 from horizon.rl.runtime import loop
+from horizon.studies import selfsum as ss
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
 

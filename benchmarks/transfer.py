@@ -30,8 +30,8 @@ import numpy as np
 
 from horizon.rl.runtime import storage
 from horizon.rl.runtime import weight_sync as ws
-from horizon.utils.config import load_config_file
 from horizon.utils import timing
+from horizon.utils.config import load_config_file
 from horizon.utils.files import UrlDir
 
 MIB = 2**20

@@ -27,9 +27,9 @@ fires after the last log. (Measured before `agent.context_notes`, which adds 12-
 segment: decoded tokens are unchanged; a masking chain now rewrites its context twice.)
 """
 
-import ml_collections
-
 import pathlib
+
+import ml_collections
 
 from horizon.tasks import key_recall
 from horizon.utils.config import sibling_config

@@ -24,11 +24,26 @@ import jax
 import numpy as np
 
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.eval import EvalSetup, load_params, markdown_table, policy_from_params, run_eval, scripted_policy
-from horizon.eval import summarize, write_jsonl
+from horizon.eval import (
+    EvalSetup,
+    load_params,
+    markdown_table,
+    policy_from_params,
+    run_eval,
+    scripted_policy,
+    summarize,
+    write_jsonl,
+)
 from horizon.eval.report import repo_rows
-from horizon.eval.setup import build_tasks, checkpoint_list, patch_policy, registry_fn_for, system_prompt_for, task_repo
-from horizon.eval.setup import validate_eval_config
+from horizon.eval.setup import (
+    build_tasks,
+    checkpoint_list,
+    patch_policy,
+    registry_fn_for,
+    system_prompt_for,
+    task_repo,
+    validate_eval_config,
+)
 from horizon.model import hf
 from horizon.model.params import count_params
 from horizon.utils import cli

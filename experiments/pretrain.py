@@ -21,7 +21,8 @@ import jax
 from absl import logging
 
 from horizon.data import pipeline
-from horizon.parallel import mesh as pmesh, sharded
+from horizon.parallel import mesh as pmesh
+from horizon.parallel import sharded
 from horizon.train import checkpoint, lm
 from horizon.utils import cli
 from horizon.utils.config import dump_config

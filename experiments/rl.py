@@ -46,10 +46,10 @@ import jax
 import numpy as np
 
 from horizon.agent.prompt import Message, render, task_text
-from horizon.model import hf
-from horizon.rl.runtime import checks, memory as rlmemory
 from horizon.inference import sampler
-from horizon.rl.runtime import loop, workers
+from horizon.model import hf
+from horizon.rl.runtime import checks, loop, workers
+from horizon.rl.runtime import memory as rlmemory
 from horizon.tools.format import tool_format
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys

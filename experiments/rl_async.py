@@ -35,8 +35,7 @@ import time
 import numpy as np
 
 from horizon.eval.report import plot_jsonl, reward_at, smooth, time_to_reach, write_jsonl
-from horizon.rl.runtime import checks
-from horizon.rl.runtime import loop, orchestrator, processes
+from horizon.rl.runtime import checks, loop, orchestrator, processes
 from horizon.utils import cli
 
 

@@ -37,13 +37,13 @@ import time
 
 import jax
 
-from horizon.studies import selfsum as ss
 from horizon.env.rollouts import SandboxPool
-from horizon.model import transformer
-from horizon.rl.runtime import memory as rlmemory
 from horizon.inference import policy as engine_policy
 from horizon.inference import sampler
+from horizon.model import transformer
 from horizon.rl.runtime import loop, workers
+from horizon.rl.runtime import memory as rlmemory
+from horizon.studies import selfsum as ss
 from horizon.utils import cli
 from horizon.utils.seeds import run_keys
 

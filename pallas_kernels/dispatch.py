@@ -22,7 +22,7 @@ from horizon.quant import formats as F
 from pallas_kernels import _common as C
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def supported_backend() -> str | None:
     """"hopper" | "blackwell" | None for the default device (never raises)."""
     try:

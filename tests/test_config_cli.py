@@ -52,10 +52,10 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     """experiments/rl.py's main on local sandboxes with SFT, sampling and the gradient step replaced;
     returns (the batches the trainer step received, the episodes' trajectories)."""
     from horizon.data.tokenizer import ByteTokenizer
-    from horizon.model import transformer
     from horizon.env import rollouts as env_rollouts
-    from horizon.rl.algo import trainer
     from horizon.inference import policy as engine_policy
+    from horizon.model import transformer
+    from horizon.rl.algo import trainer
     from horizon.rl.runtime import loop
 
     drv = _driver("rl")
@@ -101,7 +101,8 @@ def test_max_turns_override_reaches_the_episode(monkeypatch, tmp_path):
 def test_exp_steps_override_sets_the_async_step_count(tmp_path):
     """`exp.steps` is every loop's step count, and the RL schedule's (one FieldReference); the toy
     sync loop of experiments/rl_async.py runs exactly that many steps."""
-    from horizon.rl.runtime import async_setup, core as runtime, orchestrator, processes
+    from horizon.rl.runtime import async_setup, orchestrator, processes
+    from horizon.rl.runtime import core as runtime
 
     drv = _driver("rl_async")
     c = drv.load_config(["--config=configs/rl_async.py", "--config.exp.steps=3", "--config.model.num_layers=2",

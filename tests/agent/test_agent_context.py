@@ -4,8 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from horizon.agent import (COMPACTION_PROMPT, SUMMARY_QUERY, Episode, RecallScriptedPolicy, run_episodes,
-                           split_turns)
+from horizon.agent import COMPACTION_PROMPT, SUMMARY_QUERY, Episode, RecallScriptedPolicy, run_episodes, split_turns
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.sandbox.factory import open_sandbox
 from horizon.tools import make_registry

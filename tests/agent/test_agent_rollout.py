@@ -5,8 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from horizon.agent import (Episode, Generation, ScriptedPolicy, rollout, run_episodes,
-                           split_turns, validate_agent_config)
+from horizon.agent import Episode, Generation, ScriptedPolicy, rollout, run_episodes, split_turns, validate_agent_config
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.sandbox.factory import open_sandbox
 from horizon.tools import make_registry, render_call, render_final

@@ -13,10 +13,10 @@ from horizon.agent.prompt import carry_over, render
 from horizon.agent.rollout import validate_agent_config
 from horizon.agent.summarize import ContextState
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.studies import selfsum as ss
 from horizon.env.demos import KeyRecallDemoPolicy
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox
+from horizon.studies import selfsum as ss
 from horizon.tasks import key_recall as kr
 from horizon.tasks import verify
 from horizon.utils.config import ConfigError, load_config_file

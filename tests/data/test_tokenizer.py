@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from horizon.agent import Message, render, split_turns
-from horizon.data.tokenizer import (CHAT_SPECIALS, BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer,
-                                    train_bpe)
+from horizon.data.tokenizer import CHAT_SPECIALS, BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEXTS = [p.read_text() for p in sorted((ROOT / "src" / "horizon" / "agent").glob("*.py"))]
@@ -64,7 +63,8 @@ def test_byte_tokenizer_layout_is_unchanged():
 
 def test_chat_template_rendering_equals_transformers_apply_chat_template(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from tokenizers import AddedToken, Tokenizer as HFTok
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTok
 
     t = train_bpe(TEXTS, 400)
     t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in ("<|im_start|>", "<|im_end|>")])
@@ -82,7 +82,8 @@ def test_chat_template_rendering_equals_transformers_apply_chat_template(tmp_pat
 
 
 def test_bad_tokenizers_fail_with_one_line(tmp_path):
-    from tokenizers import Tokenizer as HFTok, models
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import models
 
     HFTok(models.BPE()).save(str(tmp_path / "plain.json"))
     with pytest.raises(ValueError, match="lacks horizon's chat special tokens"):

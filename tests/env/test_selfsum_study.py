@@ -12,11 +12,11 @@ import pytest
 
 from horizon.agent import run_episodes
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.studies import selfsum as ss
-from horizon.studies import selfsum_metrics as sm
 from horizon.env.demos import KeyRecallDemoPolicy, mask_final_turn
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox
+from horizon.studies import selfsum as ss
+from horizon.studies import selfsum_metrics as sm
 from horizon.tasks import verify
 from horizon.utils.config import ConfigError, load_config_file
 

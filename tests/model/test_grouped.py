@@ -118,9 +118,10 @@ def test_model_grouped_impl_reaches_the_moe_and_is_validated():
     """`model.grouped_impl` picks the expert GEMM (the per-model switch beside `AUTO_IMPL`): the tiny
     model's logits agree between "block" and "ragged_dot" (f32; only summation order differs, 1e-5),
     the field routes there (a spy on `grouped_matmul`'s impl) and a bad name fails validation."""
+    from model_testlib import tiny_cfg
+
     from horizon.model import transformer
     from horizon.utils.config import ConfigError
-    from model_testlib import tiny_cfg
 
     cfg = tiny_cfg()
     params = transformer.init(jax.random.key(0), cfg)

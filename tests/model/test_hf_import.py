@@ -208,8 +208,9 @@ def test_config_mapping_roundtrip_and_legacy_rope():
         hf.model_config_from_hf({**legacy, "scoring_func": "softmax"}, base=m)
     # the transformers config class accepts the kwargs and derives the same attention scale / rope
     c = transformers.DeepseekV3Config(**hc)
-    from horizon.model import rope
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding, yarn_apply_mscale
+
+    from horizon.model import rope
     emb = DeepseekV3RotaryEmbedding(c)
     t = rope.rope_tables(m)
     np.testing.assert_allclose(t.inv_freq, emb.inv_freq.numpy(), rtol=1e-6)

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_testlib import tiny_cfg
 
 from horizon.model import layers, moe
-from model_testlib import tiny_cfg
 
 
 def _moe_params(cfg, seed=0, bias_scale=0.05):

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_testlib import tiny_cfg
 
 from horizon.model import mtp, transformer
-from model_testlib import tiny_cfg
 
 
 def test_valid_mask_shift_and_segments():
@@ -44,7 +44,7 @@ def _mtp_cfg():
     return c
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _grads(freeze: bool):
     c = _mtp_cfg()
     params = transformer.init(jax.random.key(0), c)

@@ -5,11 +5,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from model_testlib import REPO, tiny_cfg
 
 from horizon.model import loss, transformer
 from horizon.model.params import count_params
 from horizon.utils.config import load_config_file
-from model_testlib import REPO, tiny_cfg
 
 
 def test_kimi_k2_counts():

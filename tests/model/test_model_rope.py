@@ -5,10 +5,9 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_testlib import tiny_cfg
 
 from horizon.model import rope
-
-from model_testlib import tiny_cfg
 
 torch = pytest.importorskip("torch")
 hf_rope = pytest.importorskip("transformers.modeling_rope_utils")

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_testlib import tiny_cfg, variant_cfg
 
 from horizon.model import transformer
-from model_testlib import tiny_cfg, variant_cfg
 
 # Decode vs training forward: both paths run in float32 with "highest" matmul precision (conftest);
 # they differ only in contraction order (absorbed W_uk/W_uv vs materialised per-head K/V), i.e.

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from horizon.utils.config import load_config_file
 from horizon.model import transformer
+from horizon.utils.config import load_config_file
 
 B, S = 8, 32  # tiny: 8 rows so every preset splits the batch; S divisible by 2*CP = 4
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from horizon.model import mla, transformer
-from horizon.parallel import context, mesh as pmesh, sharded
+from horizon.parallel import context, sharded
+from horizon.parallel import mesh as pmesh
 from tests.parallel.conftest import mesh_cfg
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from horizon.model import moe, transformer
-from horizon.parallel import experts, mesh as pmesh, sharded
+from horizon.parallel import experts, sharded
+from horizon.parallel import mesh as pmesh
 from tests.parallel.conftest import mesh_cfg
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from horizon.parallel import mesh as pmesh, sharded
+from horizon.parallel import mesh as pmesh
 from horizon.train import lm
 from tests.parallel.conftest import mesh_cfg
 

@@ -5,9 +5,10 @@ import jax
 import numpy as np
 import pytest
 
-from horizon.model import transformer
-from horizon.parallel import mesh as pmesh, sharded
 from horizon.inference import sampler
+from horizon.model import transformer
+from horizon.parallel import mesh as pmesh
+from horizon.parallel import sharded
 from tests.parallel.conftest import mesh_cfg
 
 NEW = 5  # generated tokens per row (the decode step compiles once; few steps keep it fast)

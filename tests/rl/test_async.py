@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from horizon.data.tokenizer import ByteTokenizer
-from horizon.model import transformer
-from horizon.rl.runtime import checks
-from horizon.rl.algo import trainer
 from horizon.inference import policy as engine_policy
 from horizon.inference import sampler
+from horizon.model import transformer
 from horizon.model.params import numpy_init
-from horizon.rl.runtime import async_setup, core as runtime, orchestrator, pools, storage, workers
+from horizon.rl.algo import trainer
+from horizon.rl.runtime import async_setup, checks, orchestrator, pools, storage, workers
+from horizon.rl.runtime import core as runtime
 from horizon.rl.runtime import weight_sync as ws
 from horizon.utils.config import load_config_file
 

@@ -19,7 +19,6 @@ from horizon.rl.runtime import distributed, orchestrator
 from horizon.rl.runtime import weight_sync as ws
 from horizon.train import checkpoint
 from horizon.utils.config import ConfigError
-
 from tests.parallel.conftest import assert_adam_params_close
 from tests.rl.test_async import small_cfg, train_only
 

@@ -15,13 +15,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from horizon.model import transformer
-from horizon.model.params import numpy_init
 from horizon.inference import engine as E
 from horizon.inference import policy as engine_policy
 from horizon.inference import replicas, sampler
 from horizon.inference.config import EngineConfig
 from horizon.inference.sampler import SamplerConfig
+from horizon.model import transformer
+from horizon.model.params import numpy_init
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

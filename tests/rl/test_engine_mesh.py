@@ -12,13 +12,14 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from horizon.model.params import numpy_init
-from horizon.parallel import mesh as pmesh
 from horizon.inference import engine as E
 from horizon.inference.config import EngineConfig, validate_engine
 from horizon.inference.replicas import EngineReplicas
+from horizon.model.params import numpy_init
+from horizon.parallel import mesh as pmesh
 from horizon.utils.config import ConfigError, load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from horizon.agent import Episode, Generation, Trajectory, Segment
+from horizon.agent import Episode, Generation, Segment, Trajectory
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.rl.runtime import core as runtime
 from horizon.sandbox import SandboxInfraError

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from horizon.data.tokenizer import ByteTokenizer, tokenizer_from_config
-from horizon.rl.runtime import loop
 from horizon.env.families import family_from_config
+from horizon.rl.runtime import loop
 from horizon.utils.config import load_config_file
 from horizon.utils.seeds import run_keys
 
@@ -54,8 +54,8 @@ def test_two_stage_warm_start_writes_both_checkpoints_and_reloads(tmp_path):
 def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
     """Demos can take minutes (selfsum: chains through the agent loop): a stage with a finished
     checkpoint must not build its demos again; clean_steps=0 skips stage 1 entirely."""
-    from horizon.model import transformer
     from horizon.env.demos import config_edit_demos
+    from horizon.model import transformer
 
     c = _cfg(clean_steps=1, steps=1)
     fam = family_from_config(c.exp)
@@ -85,8 +85,8 @@ def test_run_sft_lr_override_is_local(tmp_path):
     """A stage's `lr` (two_stage_sft's `exp.sft.clean_lr`) sets this call's peak lr only. Adam's first step
     moves every parameter with a gradient by exactly lr (m / sqrt(v) = sign(g); warmup is 0 for a
     1-step run), so the largest change of the lm head is the lr used."""
-    from horizon.model import transformer
     from horizon.env.demos import config_edit_demos
+    from horizon.model import transformer
 
     c = _cfg(steps=1)
     tok = ByteTokenizer(c.model.vocab_size)
@@ -144,8 +144,8 @@ def test_selfsum_stage1_curriculum_mixes_chain_lengths():
 def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
     """`probe` (selfsum's key-copy check during SFT) runs every `stage.probe_every` steps and at the
     end, sees the params of that step, and its numbers join the log record."""
-    from horizon.model import transformer
     from horizon.env.demos import config_edit_demos
+    from horizon.model import transformer
 
     c = _cfg(steps=3)
     c.exp.sft.log_every = 100

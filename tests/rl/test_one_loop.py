@@ -8,7 +8,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from horizon.rl.runtime import async_setup, core as runtime, orchestrator, processes, storage
+from horizon.rl.runtime import async_setup, orchestrator, processes, storage
+from horizon.rl.runtime import core as runtime
 from horizon.train.checkpoint import restore_params
 from horizon.utils.config import load_config_file
 

@@ -68,8 +68,9 @@ def test_hard_prompts_oversampled_after_start_step():
 
 
 def test_zero_weight_is_uniform_and_config_builder():
-    from horizon.utils.config import load_config_file
     import pathlib
+
+    from horizon.utils.config import load_config_file
 
     c = load_config_file(pathlib.Path(__file__).resolve().parents[2] / "configs" / "rl_tiny.py")
     s = sampler_from_config(IDS, c.rl, seed=1)

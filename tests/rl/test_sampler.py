@@ -10,11 +10,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from horizon.model import layers, transformer
 from horizon.inference import sampler
 from horizon.inference.sampler import SamplerConfig
-from horizon.utils.config import load_config_file
+from horizon.model import layers, transformer
 from horizon.model.params import numpy_init
+from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

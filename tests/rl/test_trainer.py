@@ -12,10 +12,10 @@ import pytest
 from horizon.agent import Segment, Trajectory
 from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
+from horizon.model.params import numpy_init
 from horizon.rl.algo import batch as rlbatch
 from horizon.rl.algo import trainer
 from horizon.utils.config import load_config_file
-from horizon.model.params import numpy_init
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOK = ByteTokenizer()

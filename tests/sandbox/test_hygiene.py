@@ -24,10 +24,9 @@ from horizon.sandbox import (
     SandboxFileNotFoundError,
     SandboxInfraError,
     SandboxResourceError,
+    open_sandbox,
 )
 from horizon.sandbox.base import SandboxArgumentError, SandboxIsADirectoryError, SandboxPermissionError
-
-from horizon.sandbox import open_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 docker_only = pytest.mark.docker

@@ -7,7 +7,6 @@ import pytest
 from horizon.sandbox import TRUNCATION_MARKER, WORKSPACE, Sandbox, SandboxError, SandboxFileNotFoundError
 from horizon.sandbox.base import KILL_GRACE_S
 
-
 # Engine round trips on a loaded 2-core CI box take up to a few seconds; a timeout must
 # still end within timeout + kill grace + this slack (the docker backstop fires at +5 s).
 TIMEOUT_SLACK_S = 4.0

@@ -15,7 +15,6 @@ import pytest
 
 from horizon.tasks import harbor, open_task_sandbox, swebench, verify
 
-
 pytestmark = pytest.mark.docker
 RUN_ID = uuid.uuid4().hex[:8]
 

@@ -12,10 +12,10 @@ import pytest
 
 from horizon.agent import run_episodes
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.tasks import key_recall as kr
-from horizon.tasks import verify
 from horizon.env.demos import KeyRecallDemoPolicy, key_recall_demos
 from horizon.env.families import family_from_config, make_episode
+from horizon.tasks import key_recall as kr
+from horizon.tasks import verify
 from horizon.tools.registry import ToolContext, ToolState
 from horizon.utils.config import load_config_file
 

@@ -2,9 +2,17 @@
 
 import pytest
 
-from horizon.tasks import (HELDOUT_SEED_START, filler_volume, get_task, make_recall_task,
-                           make_recall_task_for_trigger, open_task_sandbox, recall_seeds, verify)
 from horizon.sandbox.base import TRUNCATION_MARKER
+from horizon.tasks import (
+    HELDOUT_SEED_START,
+    filler_volume,
+    get_task,
+    make_recall_task,
+    make_recall_task_for_trigger,
+    open_task_sandbox,
+    recall_seeds,
+    verify,
+)
 
 TRIGGER = 6000   # tokens; byte tokenizer => bytes
 

@@ -3,8 +3,8 @@
 import pytest
 
 from horizon.sandbox import open_sandbox
-from horizon.tasks import verify
 from horizon.tasks import synthetic as syn
+from horizon.tasks import verify
 from horizon.tools.format import parse_action, render_call
 from horizon.tools.registry import ToolContext, ToolState
 

@@ -3,8 +3,15 @@
 import numpy as np
 import pytest
 
-from horizon.tools.format import (Action, ParseError, parse_action, parse_summary, render_call, render_final,
-                                  render_summary)
+from horizon.tools.format import (
+    Action,
+    ParseError,
+    parse_action,
+    parse_summary,
+    render_call,
+    render_final,
+    render_summary,
+)
 
 FRAGMENTS = ["<function=", "</function>", "<parameter=", "</parameter>", "<think>", "</think>", "<final>",
              "</final>", "<summary>", "</summary>", ">", "<", "=", "read_file", "path", "\n", " ", "x",

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from horizon.sandbox import SandboxInfraError, SandboxResourceError, WORKSPACE
+from horizon.sandbox import WORKSPACE, SandboxInfraError, SandboxResourceError
 from horizon.sandbox.factory import docker_available, open_sandbox
 from horizon.tools import ToolContext, ToolState, make_registry
 from horizon.tools.builtin import BUILTIN_TOOLS

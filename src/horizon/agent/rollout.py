@@ -23,23 +23,29 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
-from horizon.agent.stats import STATS_KEYS
 from horizon.agent.prompt import Message, carry_over, render, system_prompt, task_text
-from horizon.agent.summarize import (STRATEGIES, ContextState, make_strategy, validate_strategy_options,
-                                     with_context_note)
+from horizon.agent.stats import STATS_KEYS
+from horizon.agent.summarize import (
+    STRATEGIES,
+    ContextState,
+    make_strategy,
+    validate_strategy_options,
+    with_context_note,
+)
+from horizon.data.tokenizer import ByteTokenizer
 from horizon.inference.policy import Generation, Policy
 from horizon.sandbox.base import SandboxInfraError, SandboxResourceError
+from horizon.tools.builtin import registry_for
 from horizon.tools.format import FORMATS, ParseError, tool_format
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
 from horizon.utils.config import need, need_choice, need_float, need_int
-from horizon.data.tokenizer import ByteTokenizer
-from horizon.tools.builtin import registry_for
 
 INFRA_END = "infra"          # the one end reason that is not the policy's (module docstring)
 RESOURCE_END = "resource"
@@ -49,10 +55,10 @@ RESOURCE_END = "resource"
 class Segment:
     """One trainer row of a chain: a context and the model tokens in it."""
 
-    tokens: Int[np.ndarray, "n"]
-    loss_mask: Bool[np.ndarray, "n"]
-    logprobs: Float[np.ndarray, "n"]
-    policy_versions: Int[np.ndarray, "n"]
+    tokens: Int[np.ndarray, n]
+    loss_mask: Bool[np.ndarray, n]
+    logprobs: Float[np.ndarray, n]
+    policy_versions: Int[np.ndarray, n]
     router_indices: Any = None          # int32[L_moe, n, k] (-1 off the generated tokens) or None
 
 
@@ -176,7 +182,7 @@ class Episode:
     def _measure(self, messages) -> int:
         return len(render(messages, self.tok, add_generation_prompt=True).tokens)
 
-    def context_tokens(self) -> Int[np.ndarray, "n"]:
+    def context_tokens(self) -> Int[np.ndarray, n]:
         """The ids to generate from (ends with a bare ASSISTANT token). Rendered once per message
         list: a turn asks for them up to three times (`has_room`, `max_new_tokens`, the policy),
         and messages are only ever appended or replaced, never edited in place."""

@@ -22,7 +22,7 @@ wrote), and its summaries record every fact visible in the context. So it succee
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class ScriptedPolicy:
         self.calls = 0
 
     @classmethod
-    def from_tasks(cls, tasks, tokenizer, **kw) -> "ScriptedPolicy":
+    def from_tasks(cls, tasks, tokenizer, **kw) -> ScriptedPolicy:
         return cls({t.prompt: script_from_task(t) for t in tasks}, tokenizer, **kw)
 
     # -- reading the context -----------------------------------------------------------------
@@ -134,7 +134,7 @@ class RecallScriptedPolicy(ScriptedPolicy):
                 raise ValueError(f"fact regex for {k!r} needs a capture group: {r.pattern!r}")
 
     @classmethod
-    def from_tasks(cls, tasks, tokenizer, **kw) -> "RecallScriptedPolicy":
+    def from_tasks(cls, tasks, tokenizer, **kw) -> RecallScriptedPolicy:
         scripts, regexes = {}, {}
         for t in tasks:
             facts = sorted(recall_facts(t).items(), key=lambda kv: -len(kv[1][0]))   # longest literal first

@@ -26,7 +26,7 @@ checks the fields of the ones a run uses; `make_strategy` builds one from the ag
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from horizon.agent.prompt import Message
 from horizon.utils.config import need, need_float, need_int

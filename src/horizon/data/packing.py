@@ -11,8 +11,8 @@ batch builder on the host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 from jaxtyping import Float, Int

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import grain
 import ml_collections

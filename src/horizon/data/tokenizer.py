@@ -31,10 +31,12 @@ import functools
 import json
 import os
 import pathlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+
 from horizon.utils.config import ConfigError
 
 NUM_BYTES = 256
@@ -281,7 +283,8 @@ def add_chat_specials(path_in: str | os.PathLike, path_out: str | os.PathLike) -
     """Write `path_in`'s tokenizer with any of `CHAT_SPECIALS` it lacks added (as special tokens, ids
     after its vocabulary: a model using it needs those embedding rows, `horizon.model.hf.pretrained_params`).
     Returns the added tokens."""
-    from tokenizers import AddedToken, Tokenizer as _HFTok  # noqa: PLC0415
+    from tokenizers import AddedToken  # noqa: PLC0415
+    from tokenizers import Tokenizer as _HFTok
 
     t = _HFTok.from_file(str(path_in))
     missing = [s for s in CHAT_SPECIALS.values() if t.token_to_id(s) is None]

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from collections.abc import Callable
 
+from horizon.agent import Episode
 from horizon.sandbox.base import WORKSPACE
 from horizon.tasks import key_recall, synthetic
-from horizon.tasks.task import Task
 from horizon.tasks.swebench import load_swebench
+from horizon.tasks.task import Task
 from horizon.tools.builtin import make_registry
-from horizon.agent import Episode
 
 FAMILIES = ("config_edit", "key_recall", "key_relay", "swebench")
 HELDOUT_SEED_BASE = 1 << 30          # swebench: seeds >= this index the held-out file

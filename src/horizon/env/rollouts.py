@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
 
 import numpy as np
 
 from horizon.agent import Segment, run_episodes
-from horizon.env.families import Family, family_from_config, make_episode
 from horizon.env import rewards
+from horizon.env.families import Family, family_from_config, make_episode
 from horizon.sandbox import open_sandbox
 from horizon.sandbox.base import SandboxError, SandboxInfraError
 from horizon.sandbox.docker import cleanup_leaked, install_cleanup_hooks
@@ -62,7 +62,7 @@ class SandboxPool:
         self.images = [image] * len(self.boxes)   # each box's image (a family with per-task images switches them)
 
     @classmethod
-    def from_config(cls, c, n: int | None = None) -> "SandboxPool":
+    def from_config(cls, c, n: int | None = None) -> SandboxPool:
         e = c.exp
         return cls(int(n or e.pool_size), e.backend, cpus=e.sandbox_cpus, mem=e.sandbox_mem,
                    workers=int(c.agent.num_tool_workers), image=str(e.sandbox_image),

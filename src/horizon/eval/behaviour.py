@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+
 from horizon.tasks import changed_files
 
 

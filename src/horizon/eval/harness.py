@@ -32,8 +32,9 @@ import math
 import queue
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from horizon.model import hf, transformer
 from horizon.tasks import open_task_sandbox, verify
 from horizon.train.checkpoint import restore_params
 from horizon.utils.seeds import run_keys
+
 
 # ------------------------------------------------------------------------------------ estimators
 def pass_at_k(n: int, c: int, k: int) -> float:

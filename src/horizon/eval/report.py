@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,22 +6,18 @@ from __future__ import annotations
 
 import pathlib
 
-from horizon.data.tokenizer import validate_tokenizer
 from horizon.agent import validate_agent_config
+from horizon.agent.scripted import ScriptedPolicy
+from horizon.data.tokenizer import validate_tokenizer
 from horizon.inference.config import validate_engine
 from horizon.model import transformer
-from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
-from horizon.tasks.synthetic import make_synthetic_tasks
-from horizon.tasks import load_tasks
-from horizon.tasks.swebench import load_swebench
-from horizon.tasks import open_task_sandbox
-from horizon.agent.scripted import ScriptedPolicy
-from horizon.tools.format import render_final
-from horizon.tasks.swebench import apply_patch
-from horizon.tasks.synthetic import synthetic_registry
-from horizon.tools.builtin import registry_for
-from horizon.tasks.synthetic import SYSTEM_PROMPT
 from horizon.parallel.mesh import validate_mesh
+from horizon.tasks import load_tasks, open_task_sandbox
+from horizon.tasks.swebench import apply_patch, load_swebench
+from horizon.tasks.synthetic import SYSTEM_PROMPT, make_synthetic_tasks, synthetic_registry
+from horizon.tools.builtin import registry_for
+from horizon.tools.format import render_final
+from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
 
 
 def build_tasks(e):

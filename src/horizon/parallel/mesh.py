@@ -34,11 +34,11 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from horizon.model import transformer
-from horizon.utils.config import need
-from horizon.utils.config import need_int
+from horizon.utils.config import need, need_int
 
 DATA, FSDP, EXPERT, CONTEXT = "data", "fsdp", "expert", "context"
 AXES = (DATA, FSDP, EXPERT, CONTEXT)

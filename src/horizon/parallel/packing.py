@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
+
 from horizon.model import params as model_params
 
 METHODS = ("round_robin", "lpt", "kk")

@@ -30,13 +30,13 @@ shard's rows and act as FSDP devices for the weights), and the EP shard_map is t
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from horizon.model import transformer
 from horizon.parallel import context, experts  # noqa: F401  (register the shard_map implementations)

@@ -129,7 +129,7 @@ def _pow2(e: Array) -> Array:
     return jax.lax.bitcast_convert_type(((e + 127).astype(jnp.uint32) << 23), jnp.float32)
 
 
-def mx_shared_exponent(amax: Float[Array, "..."], *, scale_rule: str = "rceil") -> Array:
+def mx_shared_exponent(amax: Float[Array, ...], *, scale_rule: str = "rceil") -> Array:
     """Unbiased E8M0 exponent (int32, clamped to [-127, 127]) for block amaxes (finite, >= 0)."""
     check_choice("scale_rule", scale_rule, SCALE_RULES)
     bits = _f32_bits(amax)
@@ -267,7 +267,7 @@ def dequantize(q, dtype=jnp.float32):
     raise TypeError(f"expected MXTensor or NVFP4Tensor, got {type(q).__name__}")
 
 
-def fp4_codes(values: Array) -> UInt8[Array, "..."]:
+def fp4_codes(values: Array) -> UInt8[Array, ...]:
     """4-bit E2M1 codes (sign bit 3, exponent bits 2-1, mantissa bit 0) as uint8."""
     if values.dtype != jnp.float4_e2m1fn:
         raise TypeError(f"expected float4_e2m1fn, got {values.dtype}")

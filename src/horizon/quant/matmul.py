@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.quant.grouped import grouped_matmul
 from horizon.quant.formats import MXTensor, NVFP4Tensor
+from horizon.quant.grouped import grouped_matmul
 
 HIGHEST = jax.lax.Precision.HIGHEST
 MODES = ("dequant", "per_block_accumulate")

@@ -39,15 +39,15 @@ tracing; ``set_debug_hook(None)`` removes it. Tests use it to prove the backward
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.quant.grouped import grouped_matmul, grouped_wgrad
 from horizon.quant import formats
+from horizon.quant.grouped import grouped_matmul, grouped_wgrad
 from horizon.quant.matmul import HIGHEST, group_ids, grouped_blockscaled_matmul
 
 PRECISIONS = ("bf16", "mxfp8", "nvfp4", "nvfp4_per_token_fwd_mxfp8_bwd")

@@ -22,9 +22,9 @@ from horizon.sandbox.base import (
     SandboxPermissionError,
     SandboxResourceError,
 )
+from horizon.sandbox.docker import DockerSandbox, cleanup_leaked
 from horizon.sandbox.factory import BACKENDS, docker_available, open_sandbox
 from horizon.sandbox.local import LocalSandbox
-from horizon.sandbox.docker import DockerSandbox, cleanup_leaked
 
 __all__ = [
     "BACKENDS", "DEFAULT_BASE_IMAGE", "PROJECT_LABEL", "TRUNCATION_MARKER", "WORKSPACE",

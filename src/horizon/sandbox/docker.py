@@ -49,7 +49,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import docker
 import docker.errors
@@ -226,7 +227,7 @@ def _slow_client_for(client: docker.DockerClient) -> docker.DockerClient:
 
 # ---------------------------------------------------------------------------------------
 # Process-exit cleanup of this process's own containers and snapshot images.
-_live: dict[str, "DockerSandbox"] = {}   # strong refs: unclosed, dropped sandboxes still go at exit
+_live: dict[str, DockerSandbox] = {}   # strong refs: unclosed, dropped sandboxes still go at exit
 _session_images: dict[str, docker.DockerClient] = {}   # image id -> client, this process only
 _registry_pid = os.getpid()
 _hooks_installed = False
@@ -416,7 +417,7 @@ class DockerSandbox:
         flatten_after: int = DEFAULT_FLATTEN_AFTER,
         keep_snapshots: bool = False,
         disk_limit_mb: int = 0,
-    ) -> "DockerSandbox":
+    ) -> DockerSandbox:
         """Start a container from `image` (default `HORIZON_BASE_IMAGE`) and return its sandbox.
 
         `network=False` means `network_mode="none"` (loopback only). `user` (numeric) runs
@@ -549,7 +550,7 @@ class DockerSandbox:
         raise SandboxInfraError(f"prepare: sandbox {self._container.short_id} is unusable (exit {code}): "
                                 f"{out[-500:]}")
 
-    def __enter__(self) -> "DockerSandbox":
+    def __enter__(self) -> DockerSandbox:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -898,7 +899,7 @@ class DockerSandbox:
             _remove_images_repeatedly(self._client, [deep_image.id])
         return flat
 
-    def fork(self, *, workspace_only: bool = False) -> "DockerSandbox":
+    def fork(self, *, workspace_only: bool = False) -> DockerSandbox:
         """A new, independent sandbox (same limits) from this one's current filesystem.
 
         Default: commit the whole container filesystem (full fidelity). With
@@ -938,7 +939,7 @@ class DockerSandbox:
         return child
 
     @classmethod
-    def from_snapshot(cls, ref: str, **kwargs) -> "DockerSandbox":
+    def from_snapshot(cls, ref: str, **kwargs) -> DockerSandbox:
         """A sandbox from a snapshot returned by `snapshot()` (same as `create(ref, ...)`)."""
         return cls.create(ref, **kwargs)
 

@@ -73,7 +73,7 @@ class LocalSandbox:
 
     @classmethod
     def create(cls, template: str | None = None, *, default_timeout: float = DEFAULT_TIMEOUT_S,
-               max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, **_ignored_limits) -> "LocalSandbox":
+               max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, **_ignored_limits) -> LocalSandbox:
         """A fresh sandbox; `template` (a directory, e.g. a `snapshot()` ref) is copied as its root.
 
         Docker-only limits (cpus, mem_limit, pids_limit, network, user, labels) are accepted
@@ -192,7 +192,7 @@ class LocalSandbox:
         self._snapshots.append(dest)
         return dest
 
-    def fork(self, *, workspace_only: bool = False) -> "LocalSandbox":
+    def fork(self, *, workspace_only: bool = False) -> LocalSandbox:
         """An independent copy of this sandbox (`workspace_only` copies only WORKSPACE)."""
         self._check_open()
         child = LocalSandbox.create(default_timeout=self.default_timeout, max_output_bytes=self.max_output_bytes)
@@ -262,7 +262,7 @@ class LocalSandbox:
             shutil.rmtree(d, ignore_errors=True)
         self._snapshots.clear()
 
-    def __enter__(self) -> "LocalSandbox":
+    def __enter__(self) -> LocalSandbox:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -19,17 +19,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from horizon.agent.summarize import SUMMARIZING
-from horizon.studies import selfsum_metrics as sm
+from horizon.agent.summarize import STRATEGIES, SUMMARIZING
 from horizon.env.demos import key_recall_demos, ordered_keys
 from horizon.env.families import family_from_config
+from horizon.eval import harness
 from horizon.model import transformer
+from horizon.rl.runtime import checks
+from horizon.sandbox import open_sandbox
+from horizon.studies import selfsum_metrics as sm
 from horizon.tasks import key_recall
 from horizon.utils.config import ConfigError, deep_merge, need, need_float, need_int
-from horizon.sandbox import open_sandbox
-from horizon.eval import harness
-from horizon.rl.runtime import checks
-from horizon.agent.summarize import STRATEGIES
 
 STUDY_FAMILIES = ("key_recall", "key_relay")
 

@@ -413,7 +413,7 @@ def feature_deletions(source: str, path: str = "module.py", min_body_lines: int 
         a = offs[first.lineno]
         b = offs[last.end_lineno] + len(lines[last.end_lineno - 1].encode("utf-8"))
         data = source.encode("utf-8")
-        new = (data[:a] + f"{indent}raise NotImplementedError".encode("utf-8") + data[b:]).decode("utf-8")
+        new = (data[:a] + f"{indent}raise NotImplementedError".encode() + data[b:]).decode("utf-8")
         try:
             compile(new, path, "exec")
         except SyntaxError:

@@ -16,9 +16,9 @@ import tarfile
 import time
 
 from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL, WORKSPACE, Sandbox
-from horizon.tasks.task import Task, TaskError, task_hash
 from horizon.sandbox.docker import get_client
 from horizon.sandbox.factory import open_sandbox
+from horizon.tasks.task import Task, TaskError, task_hash
 
 TASK_IMAGE_FORMAT = "1"           # bump when the Dockerfile template changes (forces rebuilds)
 LABEL_TASK_ID = PROJECT_LABEL + ".task_id"

@@ -17,9 +17,8 @@ import json
 import os
 import pathlib
 
+from horizon.tasks.recall import is_recall_id, recall_task_from_id
 from horizon.tasks.task import SPLITS, Task, TaskError, task_image_name
-from horizon.tasks.recall import is_recall_id
-from horizon.tasks.recall import recall_task_from_id
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 REQUIRED_KEYS = ("id", "prompt", "test_cmd", "kind", "split")

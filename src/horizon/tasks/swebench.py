@@ -32,11 +32,9 @@ import shlex
 import subprocess
 import tarfile
 
-from horizon.sandbox.base import WORKSPACE
+from horizon.sandbox.base import DEFAULT_BASE_IMAGE, PROJECT_LABEL, WORKSPACE
 from horizon.tasks.result import VerifyResult
 from horizon.tasks.task import SPLITS, Task, TaskError
-from horizon.sandbox.base import DEFAULT_BASE_IMAGE
-from horizon.sandbox.base import PROJECT_LABEL
 
 REWARD_MODE = "swebench"
 REQUIRED_FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement",

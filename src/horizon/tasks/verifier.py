@@ -35,8 +35,8 @@ import unicodedata
 
 from horizon.sandbox.base import SandboxInfraError
 from horizon.tasks import harbor, swebench
-from horizon.tasks.result import VerifyResult
 from horizon.tasks.recall import ANSWER_PATH
+from horizon.tasks.result import VerifyResult
 from horizon.tasks.task import Task
 
 WORKSPACE = "/workspace"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from horizon.sandbox.base import TRUNCATION_MARKER, Sandbox, SandboxInfraError, SandboxResourceError
 
@@ -191,7 +192,7 @@ class ToolRegistry:
             out, error = f"Error: {name} failed: {type(e).__name__}: {e}", True
         return ToolResult(truncate_text(out, ctx.max_observation_bytes), error=error)
 
-    def subset(self, names: Sequence[str], strict: bool | None = None) -> "ToolRegistry":
+    def subset(self, names: Sequence[str], strict: bool | None = None) -> ToolRegistry:
         missing = [n for n in names if n not in self.tools]
         if missing:
             raise ValueError(f"unknown tools {missing}; known: {self.names}")

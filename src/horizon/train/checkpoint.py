@@ -29,13 +29,14 @@ import hashlib
 import json
 import logging
 import pathlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
-from horizon.utils.files import TMP_MARK, atomic_write_bytes
 from horizon.model import transformer
+from horizon.utils.files import TMP_MARK, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

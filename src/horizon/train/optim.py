@@ -9,14 +9,14 @@ Two masks over the param tree:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
 import optax
-from horizon.utils.config import need
-from horizon.utils.config import need_float
-from horizon.utils.config import need_int
+
+from horizon.utils.config import need, need_float, need_int
 
 NO_DECAY_SUFFIXES = ("norm", "bias")   # attn_norm, q_norm, kv_norm, final_norm, enorm, router_bias, ...
 

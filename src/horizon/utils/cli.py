@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import pathlib
 import sys
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 import ml_collections
 from absl import flags

@@ -127,7 +127,7 @@ def url_dir(d: str | os.PathLike | UrlDir) -> UrlDir:
 
 def storage_protocols() -> list[str]:
     """fsspec protocols whose implementation imports here (for one-line config errors)."""
-    from fsspec.registry import known_implementations, get_filesystem_class  # noqa: PLC0415
+    from fsspec.registry import get_filesystem_class, known_implementations  # noqa: PLC0415
 
     ok = []
     for p in sorted(known_implementations):

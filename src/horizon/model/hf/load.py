@@ -17,8 +17,19 @@ import numpy as np
 
 from horizon.model import layers, transformer
 from horizon.model.hf.config import model_config_from_hf, model_section, read_hf_config
-from horizon.model.hf.names import (IGNORED, MTP_HEAD_COPY, Entry, fused_expert_source, get_path, hf_entries,
-                                    layer_index, mtp_layer_of, param_spec, split_fused_experts, transform)
+from horizon.model.hf.names import (
+    IGNORED,
+    MTP_HEAD_COPY,
+    Entry,
+    fused_expert_source,
+    get_path,
+    hf_entries,
+    layer_index,
+    mtp_layer_of,
+    param_spec,
+    split_fused_experts,
+    transform,
+)
 from horizon.model.hf.safetensors import CheckpointReader
 
 

@@ -38,7 +38,7 @@ MTP: DeepSeek-V3 stores its MTP module as the extra decoder layer ``model.layers
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import numpy as np

@@ -17,7 +17,8 @@ import json
 import math
 import os
 import pathlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np

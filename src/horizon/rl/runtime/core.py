@@ -32,21 +32,21 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from horizon.inference import policy as engine_policy
-from horizon.rl.algo import losses
-from horizon.rl.runtime import prompts, storage
-from horizon.utils.seeds import run_keys
 from horizon.env.families import family_from_config
-from horizon.rl.runtime.workers import experiment_prompt_id
+from horizon.inference import policy as engine_policy
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import packing
 from horizon.rl.algo import batch as rlbatch
-from horizon.rl.algo import trainer
+from horizon.rl.algo import losses, trainer
+from horizon.rl.runtime import prompts, storage
+from horizon.rl.runtime.workers import experiment_prompt_id
 from horizon.train.checkpoint import Checkpointer
+from horizon.utils.seeds import run_keys
 
 Poll = Callable[[], tuple[Any, int]]
 
@@ -155,7 +155,7 @@ class PromptSchedule:
         return dict(N=self.N, B=self.B, lag=self.lag, fed=self.fed, sampler=self.sampler.state_dict(),
                     requests={str(k): v for k, v in self.requests.items()})
 
-    def load_state_dict(self, d: dict) -> "PromptSchedule":
+    def load_state_dict(self, d: dict) -> PromptSchedule:
         if (int(d["N"]), int(d["B"])) != (self.N, self.B):
             raise ValueError(f"checkpoint has {d['N']} prompts per step in batches of {d['B']}, this config "
                              f"{self.N} in batches of {self.B}")

@@ -36,10 +36,10 @@ import jax
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.rl.algo import batch as rlbatch
-from horizon.utils.shapes import bucket
 from horizon.rl.algo import trainer
-from horizon.utils.config import ConfigError
 from horizon.utils import cli
+from horizon.utils.config import ConfigError
+from horizon.utils.shapes import bucket
 
 GIB = 2 ** 30
 

@@ -26,7 +26,7 @@ none) once the epoch is used up, and `remaining` says how many are left.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -162,7 +162,7 @@ class PromptSampler:
             global_stats=[self._global.n, self._global.turns, self._global.thinking])
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> "PromptSampler":
+    def from_state_dict(cls, state: dict) -> PromptSampler:
         s = cls(state["prompt_ids"], seed=state["seed"], families=state["families"],
                 hard_start_step=state["hard_start_step"], hard_weight=state["hard_weight"],
                 turns_weight=state["turns_weight"], thinking_weight=state["thinking_weight"])

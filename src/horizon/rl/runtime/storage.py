@@ -32,12 +32,13 @@ import pathlib
 import pickle
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from horizon.utils.files import UrlDir, atomic_write_bytes, url_dir
 from horizon.agent.rollout import Episode
+from horizon.utils.files import UrlDir, atomic_write_bytes, url_dir
 
 _GROUP_RE = re.compile(r"group_(\d{8})\.pkl")
 
@@ -102,7 +103,7 @@ class SchedulerState:
         self.schedule: dict | None = None
 
     @classmethod
-    def load(cls, path: str | pathlib.Path) -> "SchedulerState | None":
+    def load(cls, path: str | pathlib.Path) -> SchedulerState | None:
         p = pathlib.Path(path)
         if not p.exists():
             return None

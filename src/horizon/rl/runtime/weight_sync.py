@@ -60,7 +60,8 @@ import pathlib
 import re
 import time
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

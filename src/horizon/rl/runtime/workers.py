@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from horizon.agent import Segment, Trajectory
 from horizon.data.tokenizer import Tokenizer
-from horizon.model import transformer
-from horizon.inference import sampler
-from horizon.rl.runtime.weight_sync import WeightReceiver
-from horizon.agent import Segment
-from horizon.agent import Trajectory
 from horizon.env.rollouts import ExperimentEnv
+from horizon.inference import sampler
+from horizon.model import transformer
+from horizon.rl.runtime.weight_sync import WeightReceiver
 
 KV_MODES = sampler.KV_MODES
 

@@ -1,6 +1,5 @@
-import pytest
-
 import mathutils
+import pytest
 
 
 def test_lerp():

@@ -1,5 +1,4 @@
 import pytest
-
 import roman
 
 CASES = [(1, "I"), (4, "IV"), (9, "IX"), (14, "XIV"), (40, "XL"), (90, "XC"),

@@ -1,5 +1,4 @@
 import pytest
-
 from units import c_to_f, f_to_c, km_to_miles
 
 

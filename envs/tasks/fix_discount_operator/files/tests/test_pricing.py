@@ -1,5 +1,4 @@
 import pytest
-
 from pricing import add_tax, apply_discount
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from duration import parse_duration
 from scheduler import next_run
 

@@ -1,5 +1,4 @@
 import pytest
-
 from pager import page_count, paginate
 
 

@@ -52,7 +52,8 @@ def main(argv=None):
     c.model = load_config_file(os.path.join(tree, "configs", "tiny.py")).model
     params = numpy_init(ml_collections.FrozenConfigDict(c.model), 0)
     kw = sampler.sampler_kwargs_from_config(c)
-    rev = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
     print(json.dumps({"rev": rev or "?", "sampler": kw}), flush=True)
     for line in sys.stdin:
         z = np.load(line.strip())

@@ -55,14 +55,16 @@ def measure(name, fn):
     except Exception as e:
         out[name] = f"failed: {type(e).__name__}: {str(e)[:300]}"
 ks = jax.random.split(jax.random.key(0), 4)
-bf = [(jax.random.normal(ks[i], (n, n), jnp.bfloat16), jax.random.normal(ks[i + 2], (n, n), jnp.bfloat16)) for i in range(2)]
+bf = [(jax.random.normal(ks[i], (n, n), jnp.bfloat16), jax.random.normal(ks[i + 2], (n, n), jnp.bfloat16))
+      for i in range(2)]
 measure("bf16_peak_tflops", lambda: 2 * n**3 / best(jax.jit(lambda a, b: a @ b), bf) / 1e12)
 f8 = [(a.astype(jnp.float8_e4m3fn), b.astype(jnp.float8_e4m3fn)) for a, b in bf]
 dot8 = jax.jit(lambda a, b: jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16))
 measure("fp8_per_tensor_peak_tflops", lambda: 2 * n**3 / best(dot8, f8) / 1e12)
 def target():
     hlo = dot8.lower(*f8[0]).compile().as_text()
-    return "cublas$lt$matmul$f8" if "$f8" in hlo else [l.strip()[:160] for l in hlo.splitlines() if "custom-call" in l][:3]
+    return ("cublas$lt$matmul$f8" if "$f8" in hlo
+            else [l.strip()[:160] for l in hlo.splitlines() if "custom-call" in l][:3])
 measure("fp8_gemm", target)
 x = [(jax.random.normal(ks[i], (1 << 28,), jnp.float32),) for i in range(2)]   # 1 GiB
 measure("copy_GBps", lambda: 2 * x[0][0].nbytes / best(jax.jit(lambda v: v * 1.0001), x) / 1e9)

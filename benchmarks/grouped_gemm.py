@@ -5,7 +5,8 @@ rows sorted by expert, each GEMM a grouped GEMM (`horizon.quant.grouped.grouped_
 Routing is uniform random top-k (each token picks k distinct experts), so groups are ~T*k/E rows.
 Per implementation it prints the compiled FLOPs (`cost_analysis()`, under `grouped.count_flops()` so the
 block tile loop is counted tile by tile; the forward only unless `--count-backward`) against the analytic
-2*rows*d*f per GEMM, and the median wall time of the forward and of forward+backward (grads of x and the three weights); an implementation whose
+2*rows*d*f per GEMM, and the median wall time of the forward and of forward+backward (grads of x and the \
+three weights); an implementation whose
 compiled FLOPs exceed `--max-flops-ratio` x the analytic count (XLA expanding ragged_dot into every
 group) is reported and not timed. `--json` appends one record per implementation. An implementation
 ``block:loop`` / ``block:batched`` forces the block GEMM's tile schedule (`grouped.BATCHED_MAX_BYTES`:

@@ -182,7 +182,8 @@ def kernel_fn(fmt: str, bench: Bench, tile_n: int | None):
 
 
 def dense(bench: Bench, fmt: str, shapes, tile_ns) -> None:
-    print(f"\n{fmt.upper()} dense ({bench.backend} kernel) vs XLA per-tensor FP8 dot and dequantize->bf16 dot", flush=True)
+    print(f"\n{fmt.upper()} dense ({bench.backend} kernel) vs XLA per-tensor FP8 dot and dequantize->bf16 dot",
+          flush=True)
     print(f"{'MxKxN':>18} {'tile_n':>6} {'max_err':>9} {'kernel TF/s':>11} {'fp8 dot TF/s':>12} "
           f"{'deq+bf16 TF/s':>13} {'vs fp8':>6} {'vs deq':>6} {'compile s':>9}", flush=True)
     for (m, k, n) in shapes:
@@ -208,7 +209,8 @@ def dense(bench: Bench, fmt: str, shapes, tile_ns) -> None:
                 r8 = base["fp8"] / t if "fp8" in base else float("nan")
                 rd = base["deq"] / t if "deq" in base else float("nan")
                 print(f"{m:>6}x{k}x{n:<6} {str(tn):>6} {err:>9.2e} {fl / t / 1e12:>11.1f} "
-                      f"{fl / base.get('fp8', float('nan')) / 1e12:>12.1f} {fl / base.get('deq', float('nan')) / 1e12:>13.1f} "
+                      f"{fl / base.get('fp8', float('nan')) / 1e12:>12.1f} "
+                      f"{fl / base.get('deq', float('nan')) / 1e12:>13.1f} "
                       f"{r8:>6.2f} {rd:>6.2f} {first:>9.1f}", flush=True)
                 if not np.isfinite(err) or err > 1e-2:
                     print(f"  CORRECTNESS FAILURE: {fmt} {m}x{k}x{n} tile_n={tn}: max err {err}", flush=True)
@@ -299,7 +301,8 @@ def quantize(bench: Bench, rows: int, k: int) -> None:
             got, want = jax.jit(kern)(*xs[0]), jax.jit(xla)(*xs[0])
             exact = all(bool(jnp.all(bits(a) == bits(b))) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
             rec.update(seconds=tk, first_call_s=first, bit_exact=exact, gbps=nbytes / tk / 1e9)
-            print(f"  {name:>16}: kernel {nbytes / tk / 1e9:7.1f} GB/s ({tk * 1e6:.0f} us), XLA {nbytes / tx / 1e9:7.1f} GB/s "
+            print(f"  {name:>16}: kernel {nbytes / tk / 1e9:7.1f} GB/s ({tk * 1e6:.0f} us), "
+                  f"XLA {nbytes / tx / 1e9:7.1f} GB/s "
                   f"({tx * 1e6:.0f} us), ratio {tx / tk:.2f}, bit-exact {exact}", flush=True)
         except Exception as e:  # noqa: BLE001
             rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"

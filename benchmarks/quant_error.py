@@ -41,7 +41,8 @@ def main():
         return float(jnp.mean(jnp.linalg.norm(deq - d, axis=1) / jnp.linalg.norm(d, axis=1)))
     print("\nmean per-row relative error on 'hetero' (per-tensor scaling starves the small rows):")
     for scaling in F.SCALINGS:
-        print(f"  NVFP4 {scaling:10s} {row_err(x_het, F.dequantize_nvfp4(F.quantize_nvfp4(x_het, scaling=scaling))):9.4e}")
+        print(f"  NVFP4 {scaling:10s} "
+              f"{row_err(x_het, F.dequantize_nvfp4(F.quantize_nvfp4(x_het, scaling=scaling))):9.4e}")
     print("\nerror vs block size (gauss):")
     print(f"{'block':>6s} {'MXFP8 rceil':>12s} {'MXFP8 floor':>12s} {'NVFP4 per_token':>16s}")
     for b in (8, 16, 32, 64, 128):

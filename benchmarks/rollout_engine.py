@@ -7,9 +7,11 @@ random prompts per timed repetition (so the engine cannot reuse the previous rep
    one with the previous repetition's, exactly `--new` sampled tokens each, no stop ids): generated
    tokens/s of `sampler.generate` as `make run` configures it
    (configs/rl_tiny.py's `rl.sampler`: buckets 32 / 128 / 128, 16 steps per sync), of the same with a
-   host sync after every token (what `generate` did before its multi-token device loop), of `generate` with the tightest buckets, of the engine (`engine.Engine`,
+   host sync after every token (what `generate` did before its multi-token device loop), of `generate` with \
+the tightest buckets, of the engine (`engine.Engine`,
    `rl.sampler.engine_*`), of `--replicas` data-parallel engine replicas (`replicas.EngineReplicas`, one
-   per CPU device: the process is given that many) and of Hugging Face `generate` with the same weights (`--skip-hf` leaves it
+   per CPU device: the process is given that many) and of Hugging Face `generate` with the same weights \
+(`--skip-hf` leaves it
    out; `benchmarks/sampling.py`'s export). The same per-sequence keys: horizon's samples must be
    identical (printed). `--baseline-tree DIR` adds another checkout's `generate` on the same prompts
    (`benchmarks/generate_at_tree.py`): the path the engine replaced, against its ">= 3x" goal.
@@ -132,15 +134,16 @@ def raw(c, params, args):
             (f"generate, tightest buckets (16/16, sync {args.new})", gen(tight)),
             (f"engine ({eng.ec.slots} slots, sync {eng.ec.sync_tokens}, window >= {eng.ec.min_window})", run_engine)]
     if reps is not None:
-        rows.append((f"engine, {args.replicas} replicas ({eng.ec.slots // args.replicas} slots each, one per CPU device)",
-                     run_reps))
+        rows.append((f"engine, {args.replicas} replicas ({eng.ec.slots // args.replicas} slots each, "
+                     "one per CPU device)", run_reps))
     for name, fn in rows:
         med, ts, out = timed(fn, mk, args.warmup, args.reps)
         res[name] = (med, out)
         print(f"  {name:70s}: {ntok / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
     (old_med, old_out), (sync1_med, sync1_out), (_, tight_out), (eng_med, eng_out), *rest = res.values()
     same = all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, eng_out)) and all(
-        np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(old_out.tokens, tight_out.tokens, sync1_out.tokens))
+        np.array_equal(a, b) and np.array_equal(a, c)
+        for a, b, c in zip(old_out.tokens, tight_out.tokens, sync1_out.tokens))
     if rest:
         same = same and all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, rest[0][1]))
         print(f"  engine, {args.replicas} replicas / make-run generate: {old_med / rest[0][0]:.2f}x")
@@ -216,8 +219,8 @@ def tree_raw(args, mk, run_engine, run_reps, ntok):
     name = f"generate at {args.baseline_tree} ({base.info['rev']}, its make-run rl.sampler)"
     print(f"  interleaved with it, {args.reps} repetitions each:")
     for e, ts in eng_t.items():
-        print(f"    {e:68s}: {ntok / statistics.median(ts):8.0f} tokens/s  (median {statistics.median(ts) * 1e3:.0f} ms; "
-              f"{fmt(ts)})")
+        print(f"    {e:68s}: {ntok / statistics.median(ts):8.0f} tokens/s  "
+              f"(median {statistics.median(ts) * 1e3:.0f} ms; {fmt(ts)})")
     print(f"    {name:68s}: {ntok / bm:8.0f} tokens/s  (median {bm * 1e3:.0f} ms; {fmt(base_t)})")
     for e, ts in eng_t.items():
         paired = statistics.median(b / t for b, t in zip(base_t, ts))
@@ -260,8 +263,8 @@ def staggered(c, params, args):
     def old(p):   # lockstep: each batch decodes until its longest row ends (the rows' stops, here budgets)
         out = []
         for s in range(0, len(p), B):
-            g = sampler.generate(params, p[s:s + B], jax.random.key(s), cfg=c, max_new_tokens=int(budgets[s:s + B].max()),
-                                 sampling=sc)
+            g = sampler.generate(params, p[s:s + B], jax.random.key(s), cfg=c,
+                                 max_new_tokens=int(budgets[s:s + B].max()), sampling=sc)
             out += [t[:b] for t, b in zip(g.tokens, budgets[s:s + B])]
         return out
 
@@ -272,11 +275,12 @@ def staggered(c, params, args):
         reqs = [E.Request(x, keys[i // B][i % B], int(budgets[i])) for i, x in enumerate(p)]
         return [o.tokens for o in E.generate_requests(eng, reqs)]
 
-    print(f"\n[staggered] {args.stream} requests, budgets uniform in [8, {args.new}] ({useful} tokens), batches / slots "
-          f"of {B}")
+    print(f"\n[staggered] {args.stream} requests, budgets uniform in [8, {args.new}] ({useful} tokens), "
+          f"batches / slots of {B}")
     o_med, o_ts, o_out = timed(old, mk, args.warmup, args.reps)
     e_med, e_ts, e_out = timed(new, mk, args.warmup, args.reps)
-    print(f"  {'generate in lockstep batches (make run rl.sampler)':70s}: {useful / o_med:8.0f} tokens/s  ({fmt(o_ts)})")
+    print(f"  {'generate in lockstep batches (make run rl.sampler)':70s}: {useful / o_med:8.0f} tokens/s  "
+          f"({fmt(o_ts)})")
     print(f"  {'engine (continuous batching)':70s}: {useful / e_med:8.0f} tokens/s  ({fmt(e_ts)})")
     same = all(np.array_equal(a, b) for a, b in zip(o_out, e_out))
     print(f"  engine / lockstep: {o_med / e_med:.2f}x   (samples identical: {same})")
@@ -328,8 +332,9 @@ def multi_turn(c, params, args):
         engines.append((f"engine, {args.replicas} replicas", R.make_engine(c, params=params, stop_tokens=(),
                                                                             replicas=args.replicas)))
 
-    print(f"\n[multi-turn] {n} episodes (groups of {G} share a prompt of 64-128 tokens), {T} turns of {args.new} tokens "
-          f"+ {args.obs}-token observations, a rewrite to prompt + {SUMMARY_LEN}-token summary, one more turn")
+    print(f"\n[multi-turn] {n} episodes (groups of {G} share a prompt of 64-128 tokens), "
+          f"{T} turns of {args.new} tokens + {args.obs}-token observations, "
+          f"a rewrite to prompt + {SUMMARY_LEN}-token summary, one more turn")
     o_med, o_ts, o_pre = timed(old, episodes, args.warmup, args.reps)
     gen = n * (T + 1) * args.new
     print(f"  {'lockstep generate (make run rl.sampler)':40s}: wall {o_med:6.2f} s  prefill {o_pre:7d} tokens  "
@@ -337,7 +342,8 @@ def multi_turn(c, params, args):
     for name, eng in engines:
         e_med, e_ts, e_pre = timed(new(eng), episodes, args.warmup, args.reps)
         print(f"  {name:40s}: wall {e_med:6.2f} s  prefill {e_pre:7d} tokens  generated {gen}  ({fmt(e_ts)})")
-        print(f"  {name} / lockstep: wall {o_med / e_med:.2f}x lower, prefill {o_pre / max(e_pre, 1):.2f}x fewer tokens")
+        print(f"  {name} / lockstep: wall {o_med / e_med:.2f}x lower, "
+              f"prefill {o_pre / max(e_pre, 1):.2f}x fewer tokens")
 
 
 def agent(c0, params, args):
@@ -361,14 +367,15 @@ def agent(c0, params, args):
     tasks = fam.tasks("train", n)
     boxes = [open_sandbox(args.backend, c.exp.sandbox_image) if args.backend == "docker" else open_sandbox("local")
              for _ in range(n)]
-    print(f"\n[agent] {n} key-recall episodes ({args.backend} sandboxes, untrained weights: {args.agent_turns} malformed "
-          f"turns each unless the context fills), {c.agent.num_tool_workers} tool workers")
+    print(f"\n[agent] {n} key-recall episodes ({args.backend} sandboxes, "
+          f"untrained weights: {args.agent_turns} malformed turns each unless the context fills), "
+          f"{c.agent.num_tool_workers} tool workers")
     try:
         for strategy in args.strategies:
             a = ml_collections.ConfigDict(c.agent.to_dict())
             a.context_strategy = strategy
 
-            def run(policy):
+            def run(policy, a=a):
                 for sb, t in zip(boxes, tasks):
                     fam.reset(sb, t)
                 eps = [make_episode(fam, t, sb, tok, a) for t, sb in zip(tasks, boxes)]
@@ -380,7 +387,7 @@ def agent(c0, params, args):
             counted = {"prefill": 0, "key": jax.random.key(0)}
             sc = sampler.sampler_config(c)
 
-            def old(contexts, max_new):     # the retired lockstep policy: one `generate` per round
+            def old(contexts, max_new, counted=counted, sc=sc):  # the retired lockstep policy: one `generate` per round
                 counted["prefill"] += sum(len(x) for x in contexts)
                 counted["key"], sub = jax.random.split(counted["key"])
                 out = sampler.generate(params, contexts, sub, cfg=c, max_new_tokens=max_new, sampling=sc)
@@ -389,8 +396,8 @@ def agent(c0, params, args):
 
             new = engine_policy.EnginePolicy(holder, c, jax.random.key(0))
             rows = []
-            for name, pol, pre in (("lockstep (generate)", old, lambda: counted["prefill"]),
-                                   ("engine (EnginePolicy)", new, lambda: new.state["prefill_tokens"])):
+            for name, pol, pre in (("lockstep (generate)", old, lambda counted=counted: counted["prefill"]),
+                                   ("engine (EnginePolicy)", new, lambda new=new: new.state["prefill_tokens"])):
                 for _ in range(args.warmup):
                     run(pol)
                 p0 = pre()
@@ -401,7 +408,8 @@ def agent(c0, params, args):
                 print(f"  {strategy:17s} {name:24s}: wall {dt:6.2f} s  prefill {pre() - p0:7d} tokens  generated "
                       f"{gen:6d}  turns {turns}")
             (od, op), (nd, np_) = rows
-            print(f"  {strategy:17s} engine / lockstep: wall {od / nd:.2f}x lower, prefill {op / max(np_, 1):.2f}x fewer")
+            print(f"  {strategy:17s} engine / lockstep: wall {od / nd:.2f}x lower, "
+                  f"prefill {op / max(np_, 1):.2f}x fewer")
     finally:
         for sb in boxes:
             sb.close()

@@ -79,7 +79,8 @@ def main(argv=None):
     params = transformer.init(jax.random.PRNGKey(args.seed), m)
     prompts = np.random.default_rng(args.seed).integers(0, m.vocab_size, (args.batch, args.prompt)).astype(np.int32)
     ntok = args.batch * args.new
-    print(f"config: configs/small.py with num_layers={m.num_layers}, experts={m.num_experts} top-{m.num_experts_per_tok}, "
+    print(f"config: configs/small.py with num_layers={m.num_layers}, "
+          f"experts={m.num_experts} top-{m.num_experts_per_tok}, "
           f"vocab={m.vocab_size}, float32; batch {args.batch} x prompt {args.prompt} + {args.new} new tokens, greedy")
 
     def run_horizon(sync):

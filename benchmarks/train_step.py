@@ -1,4 +1,5 @@
-"""Train-step throughput: horizon (JAX, jitted) vs Hugging Face DeepseekV3 (PyTorch eager), same model (docs/SPEC.md §1).
+"""Train-step throughput: horizon (JAX, jitted) vs Hugging Face DeepseekV3 (PyTorch eager), \
+same model (docs/SPEC.md §1).
 
 Both sides run one full optimizer step per iteration on the same batch and the same weights (horizon's
 init, exported with `hf.export_hf_checkpoint` and loaded with `from_pretrained`):
@@ -202,7 +203,8 @@ def main(argv=None):
           f"(steps {['%.0f' % (x * 1e3) for x in jt]} ms; loss {jl[0]:.4f} -> {jl[-1]:.4f})")
     if args.spec_peak:
         print(f"MFU (analytic FLOPs / step time): {ana['total'] / j_med / peak:.1%} of the measured "
-              f"{args.peak_dtype} peak ({peak / 1e12:.0f} TFLOP/s), {ana['total'] / j_med / (args.spec_peak * 1e12):.1%} "
+              f"{args.peak_dtype} peak ({peak / 1e12:.0f} TFLOP/s), "
+              f"{ana['total'] / j_med / (args.spec_peak * 1e12):.1%} "
               f"of the {args.spec_peak:.0f} TFLOP/s spec peak; first step (compile + run) {jt0:.1f} s")
     if args.skip_hf:
         return

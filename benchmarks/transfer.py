@@ -180,11 +180,12 @@ def codecs(d: str | pathlib.Path, levels: dict[str, list[int]], repeat: int) -> 
             sizes, tc, td = [], [], []
             for a, b in pairs:
                 shards = [(ws.bits(b[k]), ws.bits(a[k])) for k in b]
-                t, blobs = timed(lambda: [ws.encode_shard(n, o, comp) for n, o in shards], repeat)
+                t, blobs = timed(lambda comp=comp, shards=shards: [ws.encode_shard(n, o, comp) for n, o in shards],
+                                 repeat)
                 tc.append(t)
                 sizes.append(sum(map(len, blobs)))
-                t, _ = timed(lambda: [ws.decode_shard(x, o, n.size, n.dtype, decomp)
-                                      for x, (n, o) in zip(blobs, shards)], repeat)
+                t, _ = timed(lambda decomp=decomp, blobs=blobs, shards=shards: [
+                    ws.decode_shard(x, o, n.size, n.dtype, decomp) for x, (n, o) in zip(blobs, shards)], repeat)
                 td.append(t)
             print(f"| {codec} | {level} | {np.mean(sizes) / raw:.4f} | {1e3 * np.mean(tc):.2f} | "
                   f"{1e3 * np.mean(td):.2f} |")

@@ -22,12 +22,14 @@ def agent_config() -> ml_collections.ConfigDict:
     a.compaction_max_tokens = 4096    # prompt_compaction baseline's (longer) summary limit
     a.sliding_window_keep_fraction = 0.75  # sliding_window drops oldest turns to below this * trigger
     a.observation_masking_keep_recent = 1  # observation_masking: tool outputs kept verbatim, most recent first
-    #                                   (Lindenbauer et al. 2025 keep a window of M = 10 turns; tiny contexts hold fewer)
+    #                                   (Lindenbauer et al. 2025 keep a window of M = 10 turns; tiny contexts
+    #                                   hold fewer)
     a.condenser_max_tokens = 4096     # summarizing_condenser's summary limit (its prompt is as long as compaction's)
     a.condenser_keep_first = 0        # summarizing_condenser: events kept verbatim after system + task (OpenHands
     #                                   SDK keep_first=4 counts the system prompt and task among its events)
     a.condenser_keep_recent_fraction = 0.5  # summarizing_condenser: recent turns kept verbatim while the new context
-    #                                   (head + summary + them) stays within this * trigger (OpenHands: max_size // 2 events)
+    #                                   (head + summary + them) stays within this * trigger (OpenHands:
+    #                                   max_size // 2 events)
     # strategy texts ("" = horizon.agent.summarize defaults, sized for real models; small envs shorten them)
     a.summary_query = ""              # self_summary's short query
     a.compaction_prompt = ""          # prompt_compaction's long, sectioned query

@@ -22,7 +22,8 @@ def eval_section(exp: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     #                                  "swebench" (a SWE-bench JSONL at task_path, e.g. runs/swegen/heldout.jsonl)
     e.task_split = "heldout"         # synthetic: "train" | "heldout" seeds; envs: split filter ("" = all)
     e.num_tasks = 32                 # synthetic: number of seeds; envs / swebench: first N tasks (0 = all)
-    e.task_path = ""                 # swebench: the task set (SWE-bench JSONL with image tags; envs/build_repo_images.py)
+    # swebench: the task set (SWE-bench JSONL with image tags; envs/build_repo_images.py)
+    e.task_path = ""
     e.task_start = 0                 # synthetic: offset inside the split's seed range
     e.task_options = ml_collections.ConfigDict(exp.task.to_dict())   # synthetic: the RL run's task options
     e.tasks_root = "envs/tasks"

@@ -137,7 +137,8 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           refill: one prefill call); 1 = refill each at once (benchmarks/rollout_engine.py)
         engine_replicas=1,        # data-parallel engine replicas, one per local device, engine_slots split over
         #                           them (engine.EngineReplicas); on CPU the process needs that many devices
-        #                           (jax_num_cpu_devices): 2 on 2 cores ran the raw workload 1.2-1.3x faster (docs/PERF.md)
+        #                           (jax_num_cpu_devices): 2 on 2 cores ran the raw workload 1.2-1.3x faster
+        #                           (docs/PERF.md)
     ))
     # --- batch layout (horizon.rl.algo.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(

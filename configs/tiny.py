@@ -95,7 +95,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1
     c.mesh.expert = 1
     c.mesh.context = 1
-    c.mesh.capacity_factor = 0.0  # EP slots per destination: 0 = drop-less (worst case), f > 0 = f*T*k/EP, drops counted
+    # EP slots per destination: 0 = drop-less (worst case), f > 0 = f*T*k/EP, drops counted
+    c.mesh.capacity_factor = 0.0
     c.mesh.ep_dispatch = "padded"  # "padded" all_to_all (CPU+GPU) | "ragged" ragged_all_to_all (GPU only)
     c.mesh.ep_payload = "compute"  # "compute" dtype | "mxfp8" quantized dispatch (combine stays in compute dtype)
     c.mesh.ep_microbatches = 1    # token chunks pipelined through dispatch/GEMM/combine

@@ -106,7 +106,8 @@ def validate(c) -> None:
 
 
 def main(argv=None) -> None:
-    c = cli.load(argv, default="configs/figures.py", validate=validate, doc=__doc__, prog="experiments/kl_estimators.py")
+    c = cli.load(argv, default="configs/figures.py", validate=validate, doc=__doc__,
+                 prog="experiments/kl_estimators.py")
     out = pathlib.Path(c.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = measure([float(g) for g in c.kl.gaps], int(c.kl.num_samples), int(c.seed))

@@ -33,7 +33,8 @@ def main(argv=None) -> pathlib.Path | None:
         print(f"{len(recs)} records; keys: {', '.join(keys)}")
         return None
     src = pathlib.Path(a.jsonl)
-    out = pathlib.Path(a.out) if a.out else src.with_name(f"{src.stem}_{'_'.join(a.y or ['all'])}.png".replace("/", "-"))
+    out = (pathlib.Path(a.out) if a.out
+           else src.with_name(f"{src.stem}_{'_'.join(a.y or ['all'])}.png".replace("/", "-")))
     path = plot_jsonl(src, out, x=a.x, y=a.y, group=a.group, logy=a.logy)
     print(path)
     return path

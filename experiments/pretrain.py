@@ -35,7 +35,7 @@ def log_record(path: pathlib.Path, rec: dict) -> None:
 
 
 def read_records(path: pathlib.Path, max_step: int | None = None) -> list[dict]:
-    recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     return [r for r in recs if max_step is None or r["step"] <= max_step]
 
 

@@ -61,7 +61,8 @@ def main(argv=None) -> dict:
     c = cli.load(rest, default=str(ROOT / "configs" / "tiny.py"), validate=validate_train_config, doc=__doc__)
     t0 = time.time()
     train = corpus(c, "train")
-    print(f"corpus: {len(train)} files, {sum(len(t) for t in train) / 1e6:.2f} MB of text ({c.data.sources})", flush=True)
+    print(f"corpus: {len(train)} files, {sum(len(t) for t in train) / 1e6:.2f} MB of text ({c.data.sources})",
+          flush=True)
     tok = train_bpe(train, args.vocab)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +76,8 @@ def main(argv=None) -> dict:
                  seconds=time.time() - t0)
     print(f"wrote {out}: {bpe.vocab_size} ids; held-out code {stats['heldout_bytes_per_token']:.2f} bytes/token; "
           f"configs/rl_tiny.py episode: context {sample['context_bytes']} bytes -> {sample['context_tokens']} tokens, "
-          f"tool call {sample['call_bytes']} bytes -> {sample['call_tokens']} tokens ({stats['seconds']:.1f}s)", flush=True)
+          f"tool call {sample['call_bytes']} bytes -> {sample['call_tokens']} tokens ({stats['seconds']:.1f}s)",
+          flush=True)
     return stats
 
 

@@ -31,7 +31,7 @@ E8M0_BIAS = 127
 
 def interpret_params() -> Any:
     """Mosaic GPU interpret-mode parameters (CPU); deterministic zero-filled SMEM."""
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: PLC0415 - private jax module
 
     return InterpretGPUParams(uninitialized_memory="zero")
 

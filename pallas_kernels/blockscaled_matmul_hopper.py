@@ -100,7 +100,7 @@ def _mxfp8_kernel(a_g, b_g, sa_g, sb_g, o_g, *, cfg: C.HopperConfig, m_tiles: in
                     sub = pl.ds(j * MX_BLOCK, MX_BLOCK)
 
                     def mma(p_ref):
-                        C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)
+                        C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)  # noqa: B023 - run_scoped traces it now
                         plgpu.wgmma_wait(0)
                         return p_ref[...]
 
@@ -225,7 +225,8 @@ def _nvfp4_kernel(a_g, b_g, sa_g, sb_g, ga_g, gb_g, o_g, *, cfg: C.HopperConfig,
                     # (the default strided one has no lowering; docs/KERNELS.md).
                     full = (slice(None), slice(None))
                     p = C.load_with_layout(src, full, plgpu.Layout.WGMMA, interpret, optimized=False).astype(jnp.int32)
-                    s = C.load_with_layout(scl, full, plgpu.Layout.WGMMA, interpret, optimized=False).astype(jnp.float32)
+                    s = C.load_with_layout(scl, full, plgpu.Layout.WGMMA, interpret,
+                                           optimized=False).astype(jnp.float32)
                     dst[0] = _decode_fp4_times_scale(p & 15, s).astype(jnp.bfloat16)
                     dst[1] = _decode_fp4_times_scale(p >> 4, s).astype(jnp.bfloat16)
                 plgpu.commit_smem()

@@ -61,7 +61,8 @@ def test_mxfp8_interpret_bf16_out_and_dispatch():
 def test_mxfp8_bad_shapes():
     qa, qb = _operands(jax.random.key(1), 64, 64, 64)
     with pytest.raises(ValueError, match="multiple"):
-        H.mxfp8_matmul_from_parts(qa.values[:32], qa.scales[:32], qb.values, qb.scales, config=C.HopperConfig(64, 64, 64))
+        H.mxfp8_matmul_from_parts(qa.values[:32], qa.scales[:32], qb.values, qb.scales,
+                                  config=C.HopperConfig(64, 64, 64))
     with pytest.raises(ValueError, match="K mismatch"):
         H.mxfp8_matmul_from_parts(qa.values, qa.scales, qb.values[:, :32], qb.scales[:, :1])
 

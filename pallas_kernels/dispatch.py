@@ -20,6 +20,8 @@ import jax.numpy as jnp
 
 from horizon.quant import formats as F
 from pallas_kernels import _common as C
+from pallas_kernels import blockscaled_matmul_hopper as H
+from pallas_kernels import grouped_matmul as GM
 
 
 @functools.cache
@@ -67,21 +69,19 @@ def blockscaled_matmul_pallas(a: Any, b: Any, *, out_dtype: Any = jnp.float32,
         # wgmma is sm_90a-only: Blackwell gets the tcgen05 kernel (lowering-verified only, so
         # `is_supported` does not auto-route to it; callers must ask for backend="blackwell").
         if backend == "blackwell":
-            from pallas_kernels import blockscaled_matmul_blackwell as BW
+            from pallas_kernels import blockscaled_matmul_blackwell as BW  # noqa: PLC0415 - lowering-verified only
             return BW.mxfp8_matmul_from_parts(a.values, a.scales, b.values, b.scales, out_dtype=out_dtype)
         if backend != "hopper":
             raise NotImplementedError(f"no MXFP8 Pallas kernel for backend {backend!r}")
-        from pallas_kernels import blockscaled_matmul_hopper as H
         return H.mxfp8_matmul_from_parts(a.values, a.scales, b.values, b.scales, out_dtype=out_dtype,
                                          num_sms=sms, interpret=interpret)
     if isinstance(a, F.NVFP4Tensor) and isinstance(b, F.NVFP4Tensor):
         if a.values.ndim != 2 or b.values.ndim != 2:
             raise NotImplementedError("Pallas path takes 2-D operands")
         if backend == "blackwell":
-            from pallas_kernels import blockscaled_matmul_blackwell as BW
+            from pallas_kernels import blockscaled_matmul_blackwell as BW  # noqa: PLC0415 - lowering-verified only
             return BW.nvfp4_matmul_from_parts(a.values, a.block_scales, a.global_scale, b.values,
                                               b.block_scales, b.global_scale, out_dtype=out_dtype)
-        from pallas_kernels import blockscaled_matmul_hopper as H
         return H.nvfp4_matmul_from_parts(F.pack_fp4(a.values), a.block_scales, a.global_scale,
                                          F.pack_fp4(b.values), b.block_scales, b.global_scale,
                                          out_dtype=out_dtype, num_sms=sms, interpret=interpret)
@@ -96,7 +96,6 @@ def is_supported(a: Any, b: Any) -> bool:
     """
     if supported_backend() != "hopper":
         return False
-    from pallas_kernels import blockscaled_matmul_hopper as H
     if isinstance(a, F.NVFP4Tensor) and isinstance(b, F.NVFP4Tensor):
         if a.values.ndim != 2 or b.values.ndim != 2 or a.values.shape[1] % 128:
             return False  # dense only; K % 128 (the lowering-tested tile_k)
@@ -135,7 +134,6 @@ def grouped_blockscaled_matmul_pallas(a: Any, b: Any, group_sizes: Any, *, out_d
         raise NotImplementedError("grouped Pallas kernel covers MXFP8 operands only")
     if a.values.ndim != 2 or b.values.ndim != 3:
         raise NotImplementedError("grouped Pallas path takes A [T, K] and B [G, N, K]")
-    from pallas_kernels import grouped_matmul as GM
     return GM.grouped_mxfp8_matmul_from_parts(a.values, a.scales, b.values, b.scales,
                                               jnp.asarray(group_sizes, jnp.int32), out_dtype=out_dtype,
                                               num_sms=num_sms or device_sm_count(), interpret=interpret)

@@ -37,7 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxtyping import Array, Float, Int
 
 from pallas_kernels import _common as C
-from pallas_kernels.blockscaled_matmul_hopper import MX_BLOCK, _tile_loop
+from pallas_kernels.blockscaled_matmul_hopper import MX_BLOCK, _tile_loop, auto_config
 
 # Rows of the schedule table.
 _GROUP, _ROW0, _START, _SIZE = range(4)
@@ -114,7 +114,7 @@ def _grouped_kernel(sched_g, a_g, b_g, sa_g, sb_g, o_g, *, cfg: C.HopperConfig, 
                     sub = pl.ds(j * MX_BLOCK, MX_BLOCK)
 
                     def mma(p_ref):
-                        C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)
+                        C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)  # noqa: B023 - run_scoped traces it now
                         plgpu.wgmma_wait(0)
                         return p_ref[...]
 
@@ -179,7 +179,6 @@ def grouped_mxfp8_matmul_from_parts(
 
     T need not be a multiple of tile_m (A is zero-padded to the next tile in the wrapper).
     """
-    from pallas_kernels.blockscaled_matmul_hopper import auto_config
 
     t, k = a_values.shape
     if b_values.ndim != 3:

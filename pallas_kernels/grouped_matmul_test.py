@@ -1,4 +1,5 @@
-"""Grouped (MoE) MXFP8 Hopper kernel: GPU-interpret correctness vs horizon.quant, schedule, lowering (docs/SPEC.md §3)."""
+"""Grouped (MoE) MXFP8 Hopper kernel: GPU-interpret correctness vs horizon.quant, schedule, lowering
+(docs/SPEC.md §3)."""
 
 import jax
 import jax.numpy as jnp

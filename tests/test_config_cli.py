@@ -44,7 +44,8 @@ def _set_call_policy(tok):
     def policy(contexts, max_new_tokens):
         return [Generation(toks[:max_new_tokens], np.full(min(len(toks), max_new_tokens), -1.0, np.float32))
                 for _ in contexts]
-    policy.state = {"switches": 0, "tokens": 0, "gen_s": 0.0}      # what `engine_policy.rollout_policy`'s policies count
+    # what `engine_policy.rollout_policy`'s policies count
+    policy.state = {"switches": 0, "tokens": 0, "gen_s": 0.0}
     return policy
 
 
@@ -106,8 +107,8 @@ def test_exp_steps_override_sets_the_async_step_count(tmp_path):
 
     drv = _driver("rl_async")
     c = drv.load_config(["--config=configs/rl_async.py", "--config.exp.steps=3", "--config.model.num_layers=2",
-                         "--config.model.d_model=32", "--config.rl.group_size=2", "--config.async_.toy_max_new_tokens=8",
-                         f"--config.async_.run_dir={tmp_path}"])
+                         "--config.model.d_model=32", "--config.rl.group_size=2",
+                         "--config.async_.toy_max_new_tokens=8", f"--config.async_.run_dir={tmp_path}"])
     assert int(c.exp.steps) == 3 and int(c.rl.optim.steps) == 3
     c2 = drv.load_config(["--config=configs/rl_async_tiny.py", "--config.rl.prompts_per_step=3",
                           "--config.exp.backend=local"])

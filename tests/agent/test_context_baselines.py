@@ -85,7 +85,8 @@ def test_config_fields_and_validation():
     a = agent("summarizing_condenser")
     st = make_strategy(a)
     assert isinstance(st, SummarizingCondenser) and st.query_text == kr.CONDENSER_QUERY
-    assert st.summary_max_tokens == a.condenser_max_tokens and st.target == int(a.condenser_keep_recent_fraction * a.trigger_tokens)
+    assert st.summary_max_tokens == a.condenser_max_tokens
+    assert st.target == int(a.condenser_keep_recent_fraction * a.trigger_tokens)
     for strategy, bad, field in [("observation_masking", dict(observation_masking_keep_recent=-1), "keep_recent"),
                                  ("observation_masking", dict(observation_placeholder="{x}"), "placeholder"),
                                  ("summarizing_condenser", dict(condenser_keep_recent_fraction=1.0), "fraction"),

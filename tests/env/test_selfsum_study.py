@@ -94,7 +94,8 @@ def test_balance_rows_and_masks():
 def test_copy_check_lines_and_table():
     chk = {"self_summary_summary_key_acc": 0.95, "self_summary_final_key_acc": 0.9,
            "prompt_compaction_summary_key_acc": 0.5, "observation_masking_note_key_acc": 0.7}
-    lines = ss.copy_check_lines(chk, ("self_summary", "prompt_compaction", "observation_masking", "sliding_window"), 0.8)
+    lines = ss.copy_check_lines(chk, ("self_summary", "prompt_compaction", "observation_masking", "sliding_window"),
+                                0.8)
     assert lines == ["self_summary: key in memory 0.95 ok, answer copy 0.90",
                      "prompt_compaction: key in memory 0.50 BELOW 0.80, answer copy n/a",
                      "observation_masking: key in memory 0.70, answer copy n/a",
@@ -109,7 +110,8 @@ def test_copy_check_lines_and_table():
     assert md.count("\n| ") == 2 and "| prompt_compaction | 0.250 | 0.500 [" in md
     assert "compaction-caused errors: self-summary 0 vs prompt compaction 1 (fewer, 100% fewer)" in md
     assert "tokens per summary: self-summary 40 vs prompt compaction 200 (0.20x)" in md
-    assert "success vs prompt_compaction:" in md and "paired diff prompt_compaction - self-summary per seed -0.500" in md
+    assert "success vs prompt_compaction:" in md
+    assert "paired diff prompt_compaction - self-summary per seed -0.500" in md
 
 
 def test_key_token_positions_find_each_memory_and_answer():

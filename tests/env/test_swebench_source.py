@@ -14,7 +14,8 @@ from horizon.utils.config import ConfigError
 
 def _write(path, repo, n):
     rows = [{"instance_id": f"{repo}__x-{i}", "repo": f"pypi/{repo}", "base_commit": "abc",
-             "patch": "diff --git a/m.py b/m.py\n", "test_patch": "", "problem_statement": f"fix {repo} {i}", "FAIL_TO_PASS": json.dumps(["t.py::a"]),
+             "patch": "diff --git a/m.py b/m.py\n", "test_patch": "", "problem_statement": f"fix {repo} {i}",
+             "FAIL_TO_PASS": json.dumps(["t.py::a"]),
              "PASS_TO_PASS": json.dumps(["t.py::b"]), "image": f"horizon-swegen:{repo}-{i}"} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

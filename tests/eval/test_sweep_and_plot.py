@@ -43,7 +43,8 @@ def test_sweep_runs_three_configs_and_writes_summary(tmp_path):
     (tmp_path / "sw.py").write_text(
         f"SCRIPT = {str(tmp_path / 'fake.py')!r}\nCONFIG = {str(tmp_path / 'fake_cfg.py')!r}\n"
         "OUT_FIELD = 'out'\nBASE_OVERRIDES = {'train.steps': 3}\n"
-        "def get_sweep():\n    return [{'train.lr': 0.1, 'seed': 1}, {'train.lr': 0.2, 'seed': 2}, {'train.lr': 5.0}]\n")
+        "def get_sweep():\n"
+        "    return [{'train.lr': 0.1, 'seed': 1}, {'train.lr': 0.2, 'seed': 2}, {'train.lr': 5.0}]\n")
     out = tmp_path / "out"
     rows = sweep.run_sweep(tmp_path / "sw.py", out, root=REPO)
     assert [r["returncode"] for r in rows] == [0, 0, 3]          # the third run fails on purpose

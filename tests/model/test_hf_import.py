@@ -300,7 +300,7 @@ def test_dense_only_and_tied_model_roundtrip(tmp_path):
     assert m2.num_experts == 0 and m2.tie_embeddings and _trees_equal(p2, params)
 
 
-# --------------------------------------------------------------------- transformers-saved checkpoints (docs/SPEC.md §1.5)
+# ------------------------------------------------------------- transformers-saved checkpoints (docs/SPEC.md §1.5)
 YARN_ORIG = 16  # original_max_position_embeddings of the checkpoint below
 LONG_SEQ = 3 * YARN_ORIG  # positions well past the original context: YaRN's interpolation is exercised
 

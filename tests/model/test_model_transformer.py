@@ -88,8 +88,9 @@ def test_forward_outputs(tiny):
     np.testing.assert_array_equal(np.asarray(aux["router_load"].sum(-1)), 2 * S * c.num_experts_per_tok)
     assert aux["hidden"].shape == (2, S, c.d_model)
     # hidden is before final_norm: re-applying norm + head reproduces the logits.
-    np.testing.assert_allclose(np.asarray(jax.jit(lambda p, h: transformer.lm_logits(p, h, cfg=c))(tiny.params, aux["hidden"])),
-                               np.asarray(logits), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(lambda p, h: transformer.lm_logits(p, h, cfg=c))(tiny.params, aux["hidden"])),
+        np.asarray(logits), atol=1e-6)
 
 
 def test_all_dense_and_bf16_forward():
@@ -176,5 +177,6 @@ def test_remat_gives_the_same_gradients():
     for remat in (False, True):                                   # and it is applied only when asked for
         c = tiny_cfg()
         c.remat = remat
-        jaxpr = str(jax.make_jaxpr(lambda p: transformer.forward(p, tokens, cfg=c)[0])(params))
+        # a default arg (c=c) would become a traced input of make_jaxpr
+        jaxpr = str(jax.make_jaxpr(lambda p: transformer.forward(p, tokens, cfg=c)[0])(params))  # noqa: B023 - traced within the iteration
         assert ("remat" in jaxpr or "checkpoint" in jaxpr) == remat      # the primitive's name varies by version

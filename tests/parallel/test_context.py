@@ -43,7 +43,9 @@ def _cp_fn(cfg, mesh):
     cp = mesh.shape["context"]
 
     def f(p, x, pos, seg):  # natural order in and out; zigzag inside (the model's layout)
-        z = lambda a: context.zigzag_permute(a, cp)
+        def z(a):
+            return context.zigzag_permute(a, cp)
+
         out = context.cp_attention(p, z(x), z(pos), z(seg), cfg=cfg.model)
         return context.zigzag_unpermute(out, cp)
 

@@ -54,7 +54,7 @@ def _close(a, b, rtol, atol_frac):
 def test_ep_dropless_equals_local(ep_setup):
     cfg, mesh, p, x, ref = ep_setup
     (l_ref, (y_ref, st_ref)), g_ref = ref
-    (l, (y, st)), g = _ep_run(cfg.model, mesh, p, x)
+    (loss, (y, st)), g = _ep_run(cfg.model, mesh, p, x)
     # f32 "highest": only summation order differs (per-expert rows are the same dot products)
     _close(y, y_ref, 1e-5, 1e-6)
     _close(g, g_ref, 1e-5, 1e-6)

@@ -55,7 +55,7 @@ def setup(tmp_path_factory, need8):
     tok, env, steps = ByteTokenizer(c1.model.vocab_size), workers.ToyEnv(c1), []
     for t in range(STEPS):
         sched.assign(t)
-        groups = [g for reqs in sched.batches(t) for g in runtime.rollout_groups(env, reqs, lambda: (params, t), c1,
+        groups = [g for reqs in sched.batches(t) for g in runtime.rollout_groups(env, reqs, lambda t=t: (params, t), c1,
                                                                                  tok)[0]]
         sched.feed(t, groups)
         steps.append(groups)

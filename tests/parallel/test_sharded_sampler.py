@@ -50,7 +50,8 @@ def test_sharded_greedy_generate_equals_single_device(preset, reference):
     P_, N_ = sampler.bucket(max(len(p) for p in prompts), 16), sampler.bucket(NEW, 16)  # generate's buckets
     compiled = sampler.lower_decode_step(p_sh, cfg, 8, P_ + N_)
     nb = 8 // mesh.shape["context"]
-    for got, want in zip(jax.tree.leaves(compiled.output_shardings[0]), jax.tree.leaves(compiled.input_shardings[0][1])):
+    for got, want in zip(jax.tree.leaves(compiled.output_shardings[0]),
+                         jax.tree.leaves(compiled.input_shardings[0][1])):
         assert got.is_equivalent_to(want, 4), (got, want)
         assert got.shard_shape((2, 8, P_ + N_, 8 * mesh.shape["context"]))[1] == 8 // nb, got  # rows / device
     coll = sharded.collective_bytes(compiled.as_text())

@@ -68,8 +68,8 @@ def test_grouped_reference_matches_per_group_loop():
             s, e = starts[g], starts[g + 1]
             if e == s:
                 continue
-            sub_a = jax.tree_util.tree_map(lambda t: t[s:e], qa)
-            sub_b = jax.tree_util.tree_map(lambda t: t[g] if t.ndim else t, qb)
+            sub_a = jax.tree_util.tree_map(lambda t, s=s, e=e: t[s:e], qa)
+            sub_b = jax.tree_util.tree_map(lambda t, g=g: t[g] if t.ndim else t, qb)
             want = Q.blockscaled_matmul_reference(sub_a, sub_b)
             np.testing.assert_allclose(out[s:e], want, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(out[35:], 0.0)

@@ -68,7 +68,9 @@ def test_backward_sees_mxfp8_operands():
     for q in rec.values():
         assert q.values.dtype == jnp.float8_e4m3fn and q.scales.dtype == jnp.float8_e8m0fnu
         assert q.values.shape[-1] == 32 * q.scales.shape[-1]
-    u8 = lambda a: np.asarray(a).view(np.uint8)
+    def u8(a):
+        return np.asarray(a).view(np.uint8)
+
     # each operand is exactly the independent MXFP8 quantization along that GEMM's contraction axis
     for name, src in [("dgrad_dy", np.asarray(dy)), ("dgrad_w", np.asarray(w3))]:
         ov, os_ = oracle.quantize_mx(src)
@@ -168,7 +170,8 @@ def test_a_broken_kernel_package_fails_loudly(monkeypatch):
         def load(self):
             raise ImportError("broken_kernels: no module named mosaic")
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()] if group == M.KERNELS_GROUP else [])
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [Broken()] if group == M.KERNELS_GROUP else [])
     M.kernel_impl.cache_clear()
     try:
         with pytest.raises(ImportError, match="broken_kernels"):

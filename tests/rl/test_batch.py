@@ -106,7 +106,7 @@ def test_truncated_flags_and_missing_router_indices():
     groups = make_groups(end_reason="token_budget")
     groups[1][2].segments[0].router_indices = None
     b = build(groups, np.zeros((2, 3)))
-    for r, (gi, j, si, seg) in enumerate(rows_of(groups)):
+    for r, (gi, j, si, _seg) in enumerate(rows_of(groups)):
         assert b["truncated"][r] == (j == 0)
         if (gi, j, si) == (1, 2, 0):
             assert (b["replay_indices"].reshape(L, *b["tokens"].shape, K)[:, r] == -1).all()

@@ -287,7 +287,8 @@ def test_episode_samples_do_not_depend_on_scheduling(setup):
     obs = _prompts(1, 8, 9, seed=10)[0]
 
     def two_turns(episodes):
-        pol = engine_policy.EnginePolicy(sampler.ParamsHolder(params), mcfg, jax.random.key(7), engine=EC, stop_tokens=())
+        pol = engine_policy.EnginePolicy(sampler.ParamsHolder(params), mcfg, jax.random.key(7), engine=EC,
+                                         stop_tokens=())
         st = pol.stream()
         for e in episodes:
             st.submit(e, ctxs[e], 6)
@@ -320,7 +321,8 @@ def test_rollout_policy_is_always_the_engine():
     pol = engine_policy.rollout_policy(ParamsHolder({}), c, jax.random.key(0))
     assert isinstance(pol, engine_policy.EnginePolicy) and pol.engine.mesh is None and pol.engine.ec.slots == 8
     with pytest.raises(ValueError, match="rl.sampler section"):
-        engine_policy.rollout_policy(ParamsHolder({}), ml_collections.ConfigDict(dict(model=c.model)), jax.random.key(0))
+        engine_policy.rollout_policy(ParamsHolder({}), ml_collections.ConfigDict(dict(model=c.model)),
+                                     jax.random.key(0))
 
 
 def test_engine_policy_batched_call_equals_generate_and_swaps_weights(setup):
@@ -428,7 +430,8 @@ def test_replicas_policy_swaps_weights_and_bad_sizes_raise(setup):
     are one-line errors before any compile."""
     mcfg, params, _ = setup
     holder = sampler.ParamsHolder(params)
-    policy = engine_policy.EnginePolicy(holder, mcfg, jax.random.key(0), engine=dataclasses.replace(EC, replicas=2), stop_tokens=())
+    policy = engine_policy.EnginePolicy(holder, mcfg, jax.random.key(0), engine=dataclasses.replace(EC, replicas=2),
+                                        stop_tokens=())
     assert isinstance(policy.engine, replicas.EngineReplicas)
     prompts = _prompts(4, seed=9)
     gens = policy(prompts, 6)

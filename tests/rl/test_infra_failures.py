@@ -1,4 +1,5 @@
-"""Infrastructure failures never kill a run or become the policy's reward (docs/SPEC.md §4.1 "infrastructure is not the policy").
+"""Infrastructure failures never kill a run or become the policy's reward
+(docs/SPEC.md §4.1 "infrastructure is not the policy").
 
 Unit level (no Docker): a tool or verifier hitting `SandboxInfraError` ends the episode "infra"
 with no observation and no score; `rollout_groups` replaces a group whose sandboxes keep failing

@@ -20,7 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BPE = ROOT / "envs" / "tokenizers" / "bpe1024.json"
 SMALL = ["exp.steps=2", "rl.optim.warmup_steps=0", "exp.sft.clean_steps=2", "exp.sft.steps=2", "exp.sft.log_every=1",
          "exp.sft.optim.warmup_steps=1", "exp.eval.n_tasks=4", "exp.eval.passes=1", "exp.pool_size=4",
-         "rl.prompts_per_step=2", "rl.group_size=2", "exp.n_sft_tasks=16", "exp.sft.batch_size=4", "exp.plot=false", "agent.max_new_tokens=16",
+         "rl.prompts_per_step=2", "rl.group_size=2", "exp.n_sft_tasks=16", "exp.sft.batch_size=4", "exp.plot=false",
+         "agent.max_new_tokens=16",
          "rl.sampler.min_batch_bucket=4", "rl.sampler.min_new_bucket=16", "rl.batch.min_rows=4"]
 
 
@@ -77,7 +78,8 @@ def test_rl_driver_two_steps_with_a_real_tokenizer(case, tmp_path):
     if case == "bpe_config":
         argv = [f"--config={ROOT / 'configs' / 'rl_tiny_bpe.py'}"]
     else:        # rl_tiny.py names no tokenizer: the checkpoint dir's tokenizer.json (the repo's BPE) is used
-        argv = [f"--config={ROOT / 'configs' / 'rl_tiny.py'}", f"--config.model.init_from={_hf_dir(tmp_path, tokenizer=BPE)}"]
+        argv = [f"--config={ROOT / 'configs' / 'rl_tiny.py'}",
+                f"--config.model.init_from={_hf_dir(tmp_path, tokenizer=BPE)}"]
     argv += [f"--config.exp.out_dir={out}"] + [f"--config.{s}" for s in SMALL]
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)                # no chat specials had to be added

@@ -120,7 +120,8 @@ def test_inverse_cdf_draws_follow_the_softmax_and_never_a_zero_mass_token(p):
     nucleus; first and last positions and block edges, where an off-by-one would land) are never drawn."""
     logits = jnp.asarray(np.log(np.where(p > 0, p, 1.0)) + np.where(p > 0, 0.0, -np.inf), jnp.float32)
     n = 200_000
-    draws = np.asarray(jax.jit(jax.vmap(sampler.categorical, (0, None)))(jax.random.split(jax.random.key(0), n), logits))
+    draws = np.asarray(jax.jit(jax.vmap(sampler.categorical, (0, None)))(jax.random.split(jax.random.key(0), n),
+                                                                          logits))
     freq = np.bincount(draws, minlength=len(p)) / n
     assert (freq[p == 0] == 0).all()
     np.testing.assert_array_less(np.abs(freq - p), 5 * np.sqrt(p * (1 - p) / n) + 1e-12)
@@ -208,9 +209,12 @@ def test_bucket():
     assert [sampler.bucket(n, 16) for n in (1, 16, 17, 33)] == [16, 16, 32, 64]
     assert sampler.bucket(3, 1) == 4
     # two buckets per octave (the engine's attention windows): powers of two and their 1.5x midpoints
-    assert [sampler.bucket(n, 64, per_octave=2) for n in (1, 64, 65, 97, 129, 193, 300)] == [64, 64, 96, 128, 192, 256, 384]
+    assert ([sampler.bucket(n, 64, per_octave=2) for n in (1, 64, 65, 97, 129, 193, 300)]
+            == [64, 64, 96, 128, 192, 256, 384])
     # four per octave (the engine's default windows): 1.25x steps
-    assert [sampler.bucket(n, 64, per_octave=4) for n in (64, 65, 81, 113, 129, 161, 300)] == [64, 80, 96, 128, 160, 192, 320]
-    assert [sampler.bucket(n, 1, per_octave=4) for n in range(1, 10)] == [1, 2, 4, 4, 5, 6, 7, 8, 10]  # (2, 4]: no integer steps
+    assert ([sampler.bucket(n, 64, per_octave=4) for n in (64, 65, 81, 113, 129, 161, 300)]
+            == [64, 80, 96, 128, 160, 192, 320])
+    # (2, 4]: no integer steps
+    assert [sampler.bucket(n, 1, per_octave=4) for n in range(1, 10)] == [1, 2, 4, 4, 5, 6, 7, 8, 10]
     with pytest.raises(ValueError, match="per_octave"):
         sampler.bucket(5, 1, per_octave=3)

@@ -259,7 +259,9 @@ def test_microbatched_step_equals_the_whole_batch_step(env, over, whole_step):
     lr = float(cfg.rl.optim.lr)
     jax.tree.map(lambda a, b_: np.testing.assert_allclose(np.asarray(b_), np.asarray(a), rtol=0, atol=0.1 * lr),
                  new1.params, new2.params)
-    bias = lambda p: np.asarray(p["moe"]["moe"]["router_bias"])      # from the summed router loads
+    def bias(p):  # from the summed router loads
+        return np.asarray(p["moe"]["moe"]["router_bias"])
+
     np.testing.assert_allclose(bias(new2.params), bias(new1.params), rtol=1e-6, atol=1e-9)
 
 

@@ -210,5 +210,6 @@ def test_storage_url_protocol_is_checked():
     validate_async(c)
     assert data_root(c, "runs/x/async") == "memory://bucket/runs/async"
     c.async_.storage_url = "nosuchfs://bucket/runs"
-    with pytest.raises(ConfigError, match=r"^async_.storage_url='nosuchfs://bucket/runs': protocol .*available: .*file"):
+    with pytest.raises(ConfigError,
+                       match=r"^async_.storage_url='nosuchfs://bucket/runs': protocol .*available: .*file"):
         validate_async(c)

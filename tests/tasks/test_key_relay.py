@@ -42,7 +42,8 @@ def test_relay_tasks():
     assert f"key #{keys[2]}" in t.files["8.log"] and t.metadata["facts"] == [f"key #{k}" for k in keys]
     assert t.id == "keyrelay3_5" and t == kr.make_key_recall_task(5, n_logs=8, n_keys=3, n_decoys=0)
     assert not set(kr.KEY_ALPHABET) & set(kr.RELAY_PROMPT_TEMPLATE + kr.CONDENSER_QUERY + kr.MASK_PLACEHOLDER)
-    assert kr.make_key_recall_task(5, n_decoys=0) == kr.make_key_recall_task(5, n_decoys=0, n_keys=1)  # key_recall as before
+    # key_recall as before
+    assert kr.make_key_recall_task(5, n_decoys=0) == kr.make_key_recall_task(5, n_decoys=0, n_keys=1)
     with pytest.raises(ValueError, match="n_keys"):
         kr.make_key_recall_task(1, n_logs=2, n_keys=4)
     # slot_alphabets: key i from the i-th disjoint slice (23 letters: 8, 8, 7), the files laid out as before
@@ -70,10 +71,12 @@ def test_self_summary_relay_needs_two_summaries_that_carry_the_keys(cfg, sandbox
         t, tr, reward = _run(cfg, sandbox, "self_summary", seed)
         keys = t.metadata["keys"]
         assert reward == 1.0 and tr.end_reason == "final" and tr.stats["summaries"] >= 2
-        summaries = [x for s in tr.segments[1:] for r, x in split_turns(s.tokens, TOK) if x.startswith(kr.SUMMARY_HEADER)]
+        summaries = [x for s in tr.segments[1:] for r, x in split_turns(s.tokens, TOK)
+                     if x.startswith(kr.SUMMARY_HEADER)]
         assert len(summaries) >= 2 and f"key #{keys[0]}" in summaries[0]
         assert f"key #{keys[0]}" in summaries[1] and f"key #{keys[1]}" in summaries[1]
-        assert not any(x == f"key #{keys[0]}\n" for r, x in split_turns(tr.segments[1].tokens, TOK) if r == "observation")
+        assert not any(x == f"key #{keys[0]}\n" for r, x in split_turns(tr.segments[1].tokens, TOK)
+                       if r == "observation")
 
 
 @pytest.mark.parametrize("strategy,solves", [("prompt_compaction", True), ("summarizing_condenser", True),

@@ -14,7 +14,7 @@ def test_roundtrip_and_retention(tmp_path, cfg):
     assert not ck.should_save(0) and not ck.should_save(3) and ck.should_save(4)
     for step in (2, 4, 6):
         s = state._replace(step=jnp.asarray(step, jnp.int32),
-                           params=jax.tree.map(lambda x: x + step, state.params))
+                           params=jax.tree.map(lambda x, step=step: x + step, state.params))
         assert ck.save(step, s, {"data_step": step, "seed": 0})
     assert not ck.save(6, s, {"data_step": 6})  # already there: no double write
     assert ck.all_steps() == [4, 6]             # keep=2

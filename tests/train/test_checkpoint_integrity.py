@@ -50,7 +50,7 @@ def states():
     from tests.train.conftest import small_config
 
     base = lm.init_state(jax.random.PRNGKey(0), small_config())
-    return {k: base._replace(step=jnp.asarray(k, jnp.int32), params=jax.tree.map(lambda x: x + k, base.params))
+    return {k: base._replace(step=jnp.asarray(k, jnp.int32), params=jax.tree.map(lambda x, k=k: x + k, base.params))
             for k in (1, 2, 3)}
 
 

@@ -45,7 +45,8 @@ def test_router_bias_moves_only_by_balancing_rule(setup):
     cfg, step, batch = setup
     state = lm.init_state(jax.random.PRNGKey(1), cfg)
     _, aux = transformer.forward(state.params, jnp.asarray(batch["tokens"]), cfg=cfg.model,
-                                 positions=jnp.asarray(batch["positions"]), segment_ids=jnp.asarray(batch["segment_ids"]))
+                                 positions=jnp.asarray(batch["positions"]),
+                                 segment_ids=jnp.asarray(batch["segment_ids"]))
     load = np.asarray(aux["router_load"])
     new, _ = step(state, batch)
     old_b = np.asarray(state.params["moe"]["moe"]["router_bias"])

@@ -36,7 +36,8 @@ def test_masks_router_bias_and_norms(cfg):
 
 
 def test_decay_mask_by_name():
-    tree = {"a_norm": jnp.ones((3, 4)), "w": jnp.ones((4, 4)), "router_bias": jnp.ones(4), "x": {"kv_norm": jnp.ones(2)}}
+    tree = {"a_norm": jnp.ones((3, 4)), "w": jnp.ones((4, 4)), "router_bias": jnp.ones(4),
+            "x": {"kv_norm": jnp.ones(2)}}
     m = optim.decay_mask(tree)
     assert m == {"a_norm": False, "w": True, "router_bias": False, "x": {"kv_norm": False}}
 

@@ -38,7 +38,7 @@ def _records(workdir: pathlib.Path) -> list[dict]:
     if not p.exists():
         return []
     lines = p.read_text().splitlines()
-    return [json.loads(l) for l in lines[:-1] + ([lines[-1]] if lines and lines[-1].endswith("}") else [])]
+    return [json.loads(line) for line in lines[:-1] + ([lines[-1]] if lines and lines[-1].endswith("}") else [])]
 
 
 def _committed(workdir: pathlib.Path) -> list[int]:

@@ -72,10 +72,10 @@ def carry_over(messages: list[Message]) -> list[Message]:
 class Rendered:
     """A rendered context; arrays are aligned to `tokens`."""
 
-    tokens: Int[np.ndarray, n]
-    loss_mask: Bool[np.ndarray, n]
-    logprobs: Float[np.ndarray, n]
-    policy_versions: Int[np.ndarray, n]      # -1 where not generated
+    tokens: Int[np.ndarray, " n"]
+    loss_mask: Bool[np.ndarray, " n"]
+    logprobs: Float[np.ndarray, " n"]
+    policy_versions: Int[np.ndarray, " n"]      # -1 where not generated
     router_indices: Any                        # int32[L_moe, n, k] (-1 where not generated) or None
 
 

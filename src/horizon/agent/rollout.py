@@ -55,10 +55,10 @@ RESOURCE_END = "resource"
 class Segment:
     """One trainer row of a chain: a context and the model tokens in it."""
 
-    tokens: Int[np.ndarray, n]
-    loss_mask: Bool[np.ndarray, n]
-    logprobs: Float[np.ndarray, n]
-    policy_versions: Int[np.ndarray, n]
+    tokens: Int[np.ndarray, " n"]
+    loss_mask: Bool[np.ndarray, " n"]
+    logprobs: Float[np.ndarray, " n"]
+    policy_versions: Int[np.ndarray, " n"]
     router_indices: Any = None          # int32[L_moe, n, k] (-1 off the generated tokens) or None
 
 
@@ -171,8 +171,8 @@ class Episode:
     # -- context ---------------------------------------------------------------------------
     def _file_listing(self) -> str | None:
         try:
-            res = self.sandbox.exec("find /workspace -mindepth 1 -maxdepth 2 -name '.*' -prune -o -print | LC_ALL=C sort",
-                                    timeout=self.cfg.tool_timeout_s)
+            res = self.sandbox.exec("find /workspace -mindepth 1 -maxdepth 2 -name '.*' -prune -o -print "
+                                    "| LC_ALL=C sort", timeout=self.cfg.tool_timeout_s)
         except SandboxInfraError:
             raise
         except Exception:
@@ -182,7 +182,7 @@ class Episode:
     def _measure(self, messages) -> int:
         return len(render(messages, self.tok, add_generation_prompt=True).tokens)
 
-    def context_tokens(self) -> Int[np.ndarray, n]:
+    def context_tokens(self) -> Int[np.ndarray, " n"]:
         """The ids to generate from (ends with a bare ASSISTANT token). Rendered once per message
         list: a turn asks for them up to three times (`has_room`, `max_new_tokens`, the policy),
         and messages are only ever appended or replaced, never edited in place."""

@@ -139,7 +139,7 @@ class RecallScriptedPolicy(ScriptedPolicy):
         for t in tasks:
             facts = sorted(recall_facts(t).items(), key=lambda kv: -len(kv[1][0]))   # longest literal first
 
-            def hide(text: str) -> str:
+            def hide(text: str, facts=facts) -> str:
                 for name, (literal, _) in facts:
                     text = text.replace(literal, placeholder(name))
                 return text

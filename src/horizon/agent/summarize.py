@@ -227,8 +227,8 @@ class SummarizingCondenser(SelfSummary):
     long `CONDENSER_PROMPT`, or `condenser_prompt`) to summarize the older part of the context; the
     new context is [system, task, the first `keep_first` events after them, the summary, the most
     recent events] — the recent ones verbatim, as many whole turns as keep the new context within
-    `keep_recent_fraction * trigger_tokens` (no orphan observation first; none if the rest fills it). Models OpenHands' `LLMSummarizingCondenser`
-    (openhands/memory/condenser/impl/llm_summarizing_condenser.py; SDK
+    `keep_recent_fraction * trigger_tokens` (no orphan observation first; none if the rest fills it).
+    Models OpenHands' `LLMSummarizingCondenser` (openhands/memory/condenser/impl/llm_summarizing_condenser.py; SDK
     openhands/sdk/context/condenser/llm_summarizing_condenser.py): keep the first `keep_first` events,
     replace the forgotten middle (and the previous summary) by one LLM summary event placed after
     them, keep the most recent events so that the condensed view holds `max_size // 2` events in
@@ -252,7 +252,8 @@ class SummarizingCondenser(SelfSummary):
 
     def compact(self, state, summary, measure):
         head = head_messages(state.messages)
-        body = [m for m in state.messages[:-1] if m.kind not in ("system", "task", "summary_query")]  # [-1]: the summary turn
+        # [-1]: the summary turn
+        body = [m for m in state.messages[:-1] if m.kind not in ("system", "task", "summary_query")]
         first = [m for m in body[:self.keep_first] if m.kind != "summary"]
         rest = [m for m in body[self.keep_first:] if m.kind != "summary"]
         kept = head + first + [Message("user", self.header + (summary or "(empty summary)"), kind="summary")]

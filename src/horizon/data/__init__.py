@@ -4,5 +4,6 @@ from horizon.data.packing import PackedRows, chunk, pack_sequences, target_mask,
 from horizon.data.pipeline import dataset, eval_batches, make_batches, make_tokenizer
 from horizon.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_config
 
-__all__ = ["BPETokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer", "tokenizer_from_config", "PackedRows", "chunk", "dataset", "eval_batches",
-           "make_batches", "make_tokenizer", "pack_sequences", "target_mask", "unpack"]
+__all__ = ["BPETokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer", "tokenizer_from_config", "PackedRows",
+           "chunk", "dataset", "eval_batches", "make_batches", "make_tokenizer", "pack_sequences", "target_mask",
+           "unpack"]

@@ -37,8 +37,8 @@ def _data_key(cfg: ml_collections.ConfigDict, split: str) -> str:
     d = cfg.data
     return json.dumps(dict(root=str(sources.corpus_root(d)), sources=list(d.sources),
                            extensions=list(d.extensions), heldout=d.heldout_fraction, split=split,
-                           seq_len=d.seq_len, tokenizer=str(cfg.model.get("tokenizer", "byte")), vocab=cfg.model.vocab_size,
-                           seed=d.shuffle_seed), sort_keys=True)
+                           seq_len=d.seq_len, tokenizer=str(cfg.model.get("tokenizer", "byte")),
+                           vocab=cfg.model.vocab_size, seed=d.shuffle_seed), sort_keys=True)
 
 
 @functools.lru_cache(maxsize=8)

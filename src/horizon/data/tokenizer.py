@@ -169,7 +169,8 @@ class BPETokenizer:
             self._open = {r: [sid[r]] for r in ROLES}
             self._close = {r: [sid["end_turn"]] for r in ROLES}
             self._start = [sid["bos"]]
-            self.pad_id, self.bos_id, self.eos_id, self.end_turn_id = sid["pad"], sid["bos"], sid["eos"], sid["end_turn"]
+            self.pad_id, self.bos_id, self.eos_id, self.end_turn_id = (sid["pad"], sid["bos"], sid["eos"],
+                                                                        sid["end_turn"])
         else:
             self._start, self._open, self._close = template_pieces(chat_template, self, names)
             self.end_turn_id = self._first_special(self._close["assistant"], "the assistant turn's closing piece")
@@ -284,7 +285,7 @@ def add_chat_specials(path_in: str | os.PathLike, path_out: str | os.PathLike) -
     after its vocabulary: a model using it needs those embedding rows, `horizon.model.hf.pretrained_params`).
     Returns the added tokens."""
     from tokenizers import AddedToken  # noqa: PLC0415
-    from tokenizers import Tokenizer as _HFTok
+    from tokenizers import Tokenizer as _HFTok  # noqa: PLC0415 - only for tokenizer.json files
 
     t = _HFTok.from_file(str(path_in))
     missing = [s for s in CHAT_SPECIALS.values() if t.token_to_id(s) is None]

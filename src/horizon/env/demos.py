@@ -42,7 +42,8 @@ def config_edit_demos(tasks, tok, rng: np.random.Generator, *, corrupt_prob: flo
             v = int(args["value"])
             args["value"] = str(v + 1 if v < hi else lo) if corrupt == "next" else str(int(rng.integers(lo, hi + 1)))
         ids = tok.encode(render_call(call["name"], args)) + [tok.end_turn_id]
-        r = render([Message("system", synthetic.SYSTEM_PROMPT, kind="system"), Message("user", task_text(t), kind="task"),
+        r = render([Message("system", synthetic.SYSTEM_PROMPT, kind="system"),
+                    Message("user", task_text(t), kind="task"),
                     Message("assistant", tokens=np.asarray(ids, np.int32))], tok)
         rows.append((r.tokens, r.loss_mask))
     return rows

@@ -86,7 +86,7 @@ def effort(stats: Mapping[str, float | Array], cfg) -> Float[Array, "*batch"]:
     return sum(cfg.weights[w] * jnp.asarray(stats[s], jnp.float32) for s, w in EFFORT_WEIGHTS.items())
 
 
-def length_penalty_batch(stats: Mapping[str, Array], cfg) -> Float[Array, n]:
+def length_penalty_batch(stats: Mapping[str, Array], cfg) -> Float[Array, " n"]:
     """Vectorised length penalty ``scale · f(x; k, q)`` (>= 0) over arrays of stats [n].
 
     ``cfg`` is the ``c.rl.length_penalty`` ConfigDict (k, q, scale, weights, enabled).

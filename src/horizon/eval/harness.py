@@ -1,11 +1,11 @@
 """Eval harness: N passes of a policy over a task set in sandboxes (docs/SPEC.md §7).
 
-For every (task, pass) an `Episode` runs in its own fresh sandbox; up to `max_parallel` episodes
-are driven together by `horizon.agent.run_episodes` (independently through the rollout engine's
-stream when the policy has one, `policy_from_params`; else, e.g. a scripted policy, in lockstep, one
-batched policy call per step), their sandboxes are opened / verified / closed from a thread pool. Per episode we record reward, the
-agent's stats (STATS_KEYS), completion tokens, end-to-end latency, inference-cost estimate and
-behaviour flags; `summarize` turns the records into per-task and overall tables.
+For every (task, pass) an `Episode` runs in its own fresh sandbox; up to `max_parallel` episodes are
+driven together by `horizon.agent.run_episodes` (independently through the rollout engine's stream when
+the policy has one, `policy_from_params`; else, e.g. a scripted policy, in lockstep, one batched policy
+call per step), their sandboxes are opened / verified / closed from a thread pool. Per episode we record
+reward, the agent's stats (STATS_KEYS), completion tokens, end-to-end latency, inference-cost estimate
+and behaviour flags; `summarize` turns the records into per-task and overall tables.
 
 Metrics (per task over its n passes, then averaged over tasks with equal weight):
 - accuracy: mean reward over passes ("mean accuracy" of the report's figure 5).
@@ -101,7 +101,8 @@ class EvalSetup:
     """What the harness needs besides the policy. `registry_fn(task)` gives the task's tool set;
     `open_fn(task)` opens its sandbox (default: `open_task_sandbox(task, backend)`) and
     `release_fn(sandbox)` gives it back (default: close it) — hooks that let an environment lend
-    its pooled sandboxes (`pooled_setup`, the RL loop's periodic eval); `episode_fn(task, sandbox)`, if set, builds the episode instead of `make_episode`;
+    its pooled sandboxes (`pooled_setup`, the RL loop's periodic eval); `episode_fn(task, sandbox)`, if set,
+    builds the episode instead of `make_episode`;
     `check_edits`: the verifier's eager-edit check and the `eager_edit` behaviour flag;
     `infra_retries`: times an episode whose sandbox failed (end reason "infra" or a verifier
     `infra_error`) is run again on a fresh sandbox before the eval stops with an error — an
@@ -346,7 +347,8 @@ def summarize(records: Sequence[dict], num_passes: int | None = None) -> tuple[l
         for k in range(1, n + 1):
             row[f"best_of_{k}"] = pass_at_k(n, c, k)
         for key in PER_TASK_MEANS:
-            vals = [r[key] for r in rs if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
+            vals = [r[key] for r in rs
+                    if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))]
             row[key] = float(np.mean(vals)) if vals else float("nan")
         rows.append(row)
     overall = dict(policy=rows[0]["policy"], tasks=len(rows), n=n, episodes=len(records),

@@ -60,7 +60,8 @@ def fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None, headers: Sequence[str] | None = None) -> str:
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None,
+                   headers: Sequence[str] | None = None) -> str:
     """GitHub Markdown table of `rows` (dicts); missing cells are blank. Columns default to the union of keys."""
     if columns is None:
         columns = []
@@ -82,9 +83,9 @@ def plot_jsonl(path: str | pathlib.Path, out: str | pathlib.Path, *, x: str = "s
     Records lacking `x` or a `y` key are skipped for that curve; `group` splits curves by a key's value
     (e.g. one curve per run or per policy).
     """
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - heavy, plotting only
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - heavy, plotting only
 
     recs = read_jsonl(path)
     if not recs:

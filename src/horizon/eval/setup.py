@@ -4,6 +4,7 @@ before experiments/eval.py creates its output dir or opens a sandbox."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 from horizon.agent import validate_agent_config
@@ -50,8 +51,6 @@ PATCH_POLICIES = ("@gold", "@empty")
 def patch_policy(kind: str, tokenizer, setup):
     """(policy, setup) of a patch policy: the policy answers `<final>` at once; the returned setup
     opens each task's sandbox as `setup` does and, for @gold, applies the task's gold patch."""
-    import dataclasses
-
     if kind not in PATCH_POLICIES:
         raise ConfigError(f"eval.checkpoints: unknown patch policy {kind!r} (one of {PATCH_POLICIES})")
     pol = ScriptedPolicy({"": [render_final("Done.")]}, tokenizer)

@@ -89,9 +89,9 @@ def run_summary(run_dir: pathlib.Path) -> dict:
 
 
 def plot_curves(rows: list[dict], out_dir: pathlib.Path, x: str, y: str) -> pathlib.Path | None:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - heavy, plotting only
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - heavy, plotting only
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drawn = 0
     for r in rows:

@@ -89,7 +89,8 @@ def validate_engine(c) -> None:
         pmesh.validate_mesh(c, power_of_two_ranks=True)
         nb = math.prod(pmesh.mesh_sizes(c.mesh)[a] for a in pmesh.BATCH_AXES)
         need(int(s.engine_slots) % nb == 0, f"{pre}.engine_slots", s.engine_slots,
-             f"must be a multiple of the mesh's {nb} data-parallel ranks (data*fsdp*expert): the slot cache is split over them")
+             f"must be a multiple of the mesh's {nb} data-parallel ranks (data*fsdp*expert): "
+             "the slot cache is split over them")
         need(replicas == 1 or math.prod(pmesh.mesh_sizes(c.mesh).values()) == 1, f"{pre}.engine_replicas", replicas,
              "must be 1 with a multi-device mesh (the engine runs sharded over it; replicas are one device each)")
     max_seq = int(c.model.max_seq_len)

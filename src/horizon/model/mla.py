@@ -240,7 +240,9 @@ def write_cache(cache: dict, positions: Int[Array, "batch t"], new: dict) -> dic
     lead = cache["c_kv"].ndim - 3
 
     def write(buf, upd):
-        one = lambda bb, pos, u: bb.at[pos].set(u.astype(bb.dtype), mode="drop")
+        def one(bb, pos, u):
+            return bb.at[pos].set(u.astype(bb.dtype), mode="drop")
+
         f = jax.vmap(one)
         for _ in range(lead):
             f = jax.vmap(f, in_axes=(0, None, 0))

@@ -26,7 +26,8 @@ Router replay: ``replay_indices`` [T, k] (per MoE layer) replaces ``I``; the gat
 still computed from the router's own scores ``s`` at the replayed experts, so the router gets
 gradients. A token whose row holds any negative entry (use -1) is not replayed: it keeps the router's
 own choice (tokens without recorded routing; also "no replay" inside one compiled function, which makes
-replayed-vs-not comparisons bit-exact). Plausibility filter (``replay_plausibility_ratio`` = rho > 0): a replayed expert ``e``
+replayed-vs-not comparisons bit-exact).
+Plausibility filter (``replay_plausibility_ratio`` = rho > 0): a replayed expert ``e``
 with biased selection score ``u_e < rho * u_(k)`` (``u_(k)`` = the router's own k-th best eligible
 selection score, after group limiting) is replaced by the router's best eligible expert not already
 in the (current) chosen set; slots are processed left to right.
@@ -126,7 +127,8 @@ def _group_limit(u: jax.Array, cfg) -> jax.Array:
 
 
 def plausibility_filter(
-    replay: Int[Array, "tokens k"], u: Float[Array, "tokens experts"], u_eligible: Float[Array, "tokens experts"], ratio: float
+    replay: Int[Array, "tokens k"], u: Float[Array, "tokens experts"], u_eligible: Float[Array, "tokens experts"],
+    ratio: float
 ) -> Int[Array, "tokens k"]:
     """Replace replayed experts whose selection score ``u < ratio * (router's k-th best eligible u)``."""
     k = replay.shape[1]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from horizon.model import transformer
 
@@ -37,9 +39,6 @@ def numpy_init(cfg, seed: int) -> dict:
     Deterministic in `seed` without compiling anything, so separate processes (async trainer and
     rollout workers) and tests rebuild identical params cheaply.
     """
-    import jax.numpy as jnp
-    import numpy as np
-
     mcfg = transformer.model_cfg(cfg)
     shapes = jax.eval_shape(lambda k: transformer.init(k, mcfg), jax.random.key(0))
     rng = np.random.default_rng(seed)
@@ -77,7 +76,8 @@ def train_step_flops(cfg, batch: int, seq: int) -> dict:
     body = counts["active"] - emb - head
     qk = int(c.qk_nope_head_dim) + int(c.qk_rope_head_dim)
     out = dict(matmul=6.0 * body * tokens,
-               attention=6.0 * int(c.num_layers) * int(c.num_heads) * (qk + int(c.v_head_dim)) * int(batch) * int(seq) ** 2,
+               attention=6.0 * int(c.num_layers) * int(c.num_heads) * (qk + int(c.v_head_dim)) * int(batch)
+               * int(seq) ** 2,
                lm_head=6.0 * tokens * D * V)
     out["total"] = sum(out.values())
     out["tokens"] = tokens

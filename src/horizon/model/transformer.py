@@ -50,20 +50,24 @@ def validate_config(cfg) -> None:
         need(c.n_group >= 1 and E % c.n_group == 0, f"num_experts={E} must be divisible by n_group={c.n_group}")
         need(1 <= c.topk_group <= c.n_group, f"topk_group={c.topk_group} must be in [1, n_group={c.n_group}]")
         if c.n_group > 1 and c.topk_group < c.n_group:
-            need(E // c.n_group >= 2, f"n_group={c.n_group}: group-limited routing needs >= 2 experts per group (top-2 group score)")
+            need(E // c.n_group >= 2,
+                 f"n_group={c.n_group}: group-limited routing needs >= 2 experts per group (top-2 group score)")
             need(c.topk_group * (E // c.n_group) >= k,
                  f"topk_group*experts_per_group={c.topk_group * (E // c.n_group)} < num_experts_per_tok={k}")
         need(c.num_shared_experts >= 0, "num_shared_experts must be >= 0")
         need(c.replay_plausibility_ratio >= 0, "replay_plausibility_ratio must be >= 0")
         need(c.moe_precision in moe.PRECISIONS_IMPLEMENTED + moe.PRECISIONS_PLANNED,
-             f"moe_precision={c.moe_precision!r} is unknown (one of {moe.PRECISIONS_IMPLEMENTED + moe.PRECISIONS_PLANNED})")
+             f"moe_precision={c.moe_precision!r} is unknown "
+             f"(one of {moe.PRECISIONS_IMPLEMENTED + moe.PRECISIONS_PLANNED})")
         need(c.get("grouped_impl", "auto") in grouped.IMPLS,
              f"grouped_impl={c.get('grouped_impl')!r} is unknown (one of {grouped.IMPLS})")
     need(c.mtp_depth >= 0, f"mtp_depth must be >= 0, got {c.mtp_depth}")
-    need(c.rope_scaling.type in rope.ROPE_TYPES, f"rope_scaling.type={c.rope_scaling.type!r} must be in {rope.ROPE_TYPES}")
+    need(c.rope_scaling.type in rope.ROPE_TYPES,
+         f"rope_scaling.type={c.rope_scaling.type!r} must be in {rope.ROPE_TYPES}")
     if c.rope_scaling.type == "yarn":
         need(c.rope_scaling.factor >= 1, "rope_scaling.factor must be >= 1 for yarn")
-        need(c.rope_scaling.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings must be > 0")
+        need(c.rope_scaling.original_max_position_embeddings > 0,
+             "rope_scaling.original_max_position_embeddings must be > 0")
     for f in ("dtype", "param_dtype"):
         try:
             layers.dtype_of(c[f])

@@ -234,7 +234,8 @@ def tree_shardings_like_params(tree: Any, params_shardings: Any, mesh) -> Any:
     """Shardings for a state pytree (optimizer moments, ...): a leaf whose key path ends with a
     parameter's path and has its shape takes that parameter's sharding; everything else replicated."""
     by_path = {}
-    for path, sh in jax.tree_util.tree_leaves_with_path(params_shardings, is_leaf=lambda s: isinstance(s, NamedSharding)):
+    for path, sh in jax.tree_util.tree_leaves_with_path(params_shardings,
+                                                        is_leaf=lambda s: isinstance(s, NamedSharding)):
         by_path[_path_keys(path)] = sh
     maxlen = max((len(k) for k in by_path), default=0)
 

@@ -62,8 +62,8 @@ def fit_cost_model(step_lengths: Sequence[Sequence[int]], step_times: Sequence[f
     t = np.asarray(step_times, np.float64)
     if len(step_lengths) != len(t) or len(t) < 2 + int(intercept):
         raise ValueError("need one length list per step time and at least as many steps as coefficients")
-    s1 = np.array([np.sum(np.asarray(l, np.float64)) for l in step_lengths])
-    s2 = np.array([np.sum(np.asarray(l, np.float64) ** 2) for l in step_lengths])
+    s1 = np.array([np.sum(np.asarray(ls, np.float64)) for ls in step_lengths])
+    s2 = np.array([np.sum(np.asarray(ls, np.float64) ** 2) for ls in step_lengths])
     cols = [s1, s2] + ([np.ones_like(s1)] if intercept else [])
 
     def solve(use):

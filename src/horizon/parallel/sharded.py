@@ -1,15 +1,15 @@
-"""Sharded LM / RL train steps and forward under a (data, fsdp, expert, context) mesh (docs/SPEC.md §2).
+"""The model on a (data, fsdp, expert, context) mesh (docs/SPEC.md §2): path choice, placement, forward.
 
 `configure(cfg)` copies the config and selects the shard_map paths from ``cfg.mesh``:
 ``attention_impl = "context_parallel"`` when ``context > 1`` and ``moe_impl = "expert_parallel"``
 when the model has experts and ``expert > 1`` or ``context > 1`` (the EP block keeps the MoE layer
 local to each device's tokens; with ``expert == 1`` it does no all-to-all).
 
-LM step with CP (`horizon.train.lm.make_train_step`, `mesh_losses`): the batch arrives in natural order, sharded over the batch axes; inside the jitted
-step the next-token targets and weights are computed in natural order (`loss.next_token_targets`),
-then tokens, positions, segment ids, targets and weights are permuted to the zigzag layout and
-constrained to ``P(batch, context)``; the model runs in that layout and the token-sum loss is
-permutation invariant. MTP needs natural-order shifts and is refused with CP > 1.
+LM step with CP (`horizon.train.lm.make_train_step`, `mesh_losses`): the batch arrives in natural order,
+sharded over the batch axes; inside the jitted step the next-token targets and weights are computed in natural
+order (`loss.next_token_targets`), then tokens, positions, segment ids, targets and weights are permuted to
+the zigzag layout and constrained to ``P(batch, context)``; the model runs in that layout and the token-sum
+loss is permutation invariant. MTP needs natural-order shifts and is refused with CP > 1.
 
 RL step (`horizon.rl.algo.trainer.train_step` with a mesh, from ``configure(cfg, cp_layout="natural")``
 and `state_shardings`): its loss shifts logits in natural order, so with CP it runs the model with
@@ -18,18 +18,19 @@ layer).
 
 All step functions enter ``jax.set_mesh(mesh)`` so the shard_map bodies find the mesh.
 
-Sampling (`horizon.inference.sampler.generate` with a config whose mesh has several devices) runs
-unchanged on sharded inputs. Params are placed by the same rules (`place_params`), the padded prompt block, lengths and the latent
-KV cache ``[L, b, slots, r]`` are split over the batch axes (the cache's ``r`` also over ``context``), and the sampler's jitted prefill / decode
-step are then partitioned by GSPMD from those input shardings (FSDP weights are all-gathered per
-layer; the cache stays batch-sharded across steps). Decode uses the **plain** paths
-(``attention_impl = moe_impl = "local"``, `sampling_config`): a decode step has one token per row, so
-there is no sequence to split over ``context`` (the context devices hold replicas of their batch
-shard's rows and act as FSDP devices for the weights), and the EP shard_map is the training path.
+Sampling (`horizon.inference.sampler.generate` with a config whose mesh has several devices) runs unchanged on
+sharded inputs. Params are placed by the same rules (`place_params`), the padded prompt block, lengths and the
+latent KV cache ``[L, b, slots, r]`` are split over the batch axes (the cache's ``r`` also over ``context``),
+and the sampler's jitted prefill / decode step are then partitioned by GSPMD from those input shardings (FSDP
+weights are all-gathered per layer; the cache stays batch-sharded across steps). Decode uses the **plain**
+paths (``attention_impl = moe_impl = "local"``, `sampling_config`): a decode step has one token per row, so
+there is no sequence to split over ``context`` (the context devices hold replicas of their batch shard's rows
+and act as FSDP devices for the weights), and the EP shard_map is the training path.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -194,8 +195,6 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
 
     Counted once per op in the HLO (ops inside a while/scan body run once per iteration: the
     benchmark multiplies nothing, so layer-scanned collectives count once per layer group)."""
-    import re
-
     out = {c: 0 for c in _COLLECTIVES}
     pat = re.compile(r"=\s+(\(.*?\)|\w+\[[\d,]*\](?:\{[^}]*\})?)\s+(" + "|".join(_COLLECTIVES) + r")(?:-start)?\(")
     for m in pat.finditer(hlo_text):

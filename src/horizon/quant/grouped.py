@@ -102,7 +102,8 @@ def tile_layout(group_sizes: Int[Array, " g"], rows: int, block: int):
     tile_end = jnp.cumsum(ptiles)
     tile_start = tile_end - ptiles
     start = jnp.cumsum(gs) - gs                               # first row of each group
-    tile_group = jnp.searchsorted(tile_end, jnp.arange(tiles, dtype=jnp.int32), side="right", method="scan_unrolled").astype(jnp.int32)
+    tile_group = jnp.searchsorted(tile_end, jnp.arange(tiles, dtype=jnp.int32), side="right",
+                                  method="scan_unrolled").astype(jnp.int32)
     slot_tile = jnp.arange(tiles * block, dtype=jnp.int32) // block
     g = jnp.minimum(tile_group, G - 1)[slot_tile]
     off = (slot_tile - tile_start[g]) * block + jnp.arange(tiles * block, dtype=jnp.int32) % block
@@ -146,7 +147,8 @@ def _tile_gemms(xt, w, tile_group, *, transpose: bool, precision, out_dtype):
         y = jnp.matmul(xb, wg.T if transpose else wg, precision=precision, preferred_element_type=out_dtype)
         return None, jnp.where(g < G, y, jnp.zeros_like(y))
 
-    if _batched(xt.shape[0], w.shape[1], w.shape[2], w.dtype):    # the same tile GEMMs as one batched product (gathered weights)
+    # the same tile GEMMs as one batched product (gathered weights)
+    if _batched(xt.shape[0], w.shape[1], w.shape[2], w.dtype):
         wt = jnp.take(_with_zero_row(w), tile_group, axis=0, mode="clip")
         return jnp.einsum("tbk,tnk->tbn" if transpose else "tbk,tkn->tbn", xt, wt, precision=precision,
                           preferred_element_type=out_dtype)

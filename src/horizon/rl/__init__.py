@@ -1,10 +1,7 @@
-"""horizon.rl: reinforcement learning on agent rollouts (docs/SPEC.md §4), by layer.
+"""horizon.rl: reinforcement learning on agent rollouts (docs/SPEC.md §4), in two layers.
 
-- `horizon.rl.algo`: losses, rewards, batch layout, the RL train step (pure);
-- `horizon.inference`: the one `generate` and the policy adapter;
-- `horizon.rl.runtime`: the loops (`core` pieces, `loop.run_rl`, the async `orchestrator`), workers, weight
-  sync, stores, prompt sampler;
-- `horizon.rl.runtime.checks`: the RL drivers' config validation.
+- `horizon.rl.algo`: advantages, losses, KL, batch layout, the RL train step (pure);
+- `horizon.rl.runtime`: the loops over them (sync, SFT, async), weight sync, stores, checks.
 
-Each layer imports only the ones before it.
+Sampling lives below, in `horizon.inference`; rewards in `horizon.env.rewards` (docs/ARCHITECTURE.md).
 """

@@ -9,14 +9,14 @@ own and killing the client leaves the process running); the output stream is rea
 with a host-side deadline, and as a backstop the exec's process group is killed. Only the
 command dies on a timeout; the sandbox keeps working.
 
-Whose failure (docs/SPEC.md §4.1 "infrastructure is not the policy"): every engine failure -- an engine error or timeout (`ENGINE_TIMEOUT_S`
-per API call), a closed, removed, stopped or killed container (also one that dies while a
-command runs) -- raises `SandboxInfraError`. A command killed by the OOM killer keeps its
-ExecResult (exit 137) with "[sandbox] killed: out of memory (limit N MiB)" appended. With
-`disk_limit_mb > 0` a watchdog measures the container's writable layer after every exec /
-write_file and every `DISK_POLL_S` while an exec runs; over budget it kills the user's
-processes and raises `SandboxResourceError` (then on every exec / write_file until `prepare()`);
-every file a command writes is also capped at the budget (`ulimit -f`).
+Whose failure (docs/SPEC.md §4.1 "infrastructure is not the policy"): every engine failure -- an engine
+error or timeout (`ENGINE_TIMEOUT_S` per API call), a closed, removed, stopped or killed container (also
+one that dies while a command runs) -- raises `SandboxInfraError`. A command killed by the OOM killer
+keeps its ExecResult (exit 137) with "[sandbox] killed: out of memory (limit N MiB)" appended. With
+`disk_limit_mb > 0` a watchdog measures the container's writable layer after every exec / write_file and
+every `DISK_POLL_S` while an exec runs; over budget it kills the user's processes and raises
+`SandboxResourceError` (then on every exec / write_file until `prepare()`); every file a command writes
+is also capped at the budget (`ulimit -f`).
 
 Files are read and written as the sandbox user by an exec of `cat` (data through the exec's
 stdin/stdout streams, binary-safe), so permissions and symlinks resolve inside the container
@@ -141,31 +141,31 @@ killall_user() {
 }
 """
 # prepare(): $1 = the container's creation time (epoch s); files in $HOME changed since then go.
-_PREPARE_SCRIPT = _KILL_ALL_FN + r"""
-killall_user || { echo "prepare: $left processes of uid $(id -u) survive kill -9"; exit 3; }
-/bin/true || { echo "prepare: cannot fork/exec a trivial command"; exit 4; }
+_PREPARE_SCRIPT = _KILL_ALL_FN + rf"""
+killall_user || {{ echo "prepare: $left processes of uid $(id -u) survive kill -9"; exit 3; }}
+/bin/true || {{ echo "prepare: cannot fork/exec a trivial command"; exit 4; }}
 uid=$(id -u)
-for d in %(scratch)s; do
+for d in {" ".join(SCRATCH_DIRS)}; do
   [ -d "$d" ] || continue
-  find "$d" -mindepth 1 -maxdepth 1 -user "$uid" -exec chmod -R u+rwX {} + 2>/dev/null
-  find "$d" -mindepth 1 -maxdepth 1 -user "$uid" -exec rm -rf {} + 2>/dev/null
+  find "$d" -mindepth 1 -maxdepth 1 -user "$uid" -exec chmod -R u+rwX {{}} + 2>/dev/null
+  find "$d" -mindepth 1 -maxdepth 1 -user "$uid" -exec rm -rf {{}} + 2>/dev/null
 done
 # the workspace is the caller's to restore; only make what the user locked up removable again
-find %(ws)s -type d -user "$uid" ! -perm -u=rwx -exec chmod u+rwx {} \; 2>/dev/null
+find {WORKSPACE} -type d -user "$uid" ! -perm -u=rwx -exec chmod u+rwx {{}} \; 2>/dev/null
 case "$HOME" in
-  ""|/|%(ws)s|%(ws)s/*) ;;
+  ""|/|{WORKSPACE}|{WORKSPACE}/*) ;;
   *) if [ -d "$HOME" ]; then
-       find "$HOME" -mindepth 1 -type d -user "$uid" ! -perm -u=rwx -exec chmod u+rwx {} \; 2>/dev/null
+       find "$HOME" -mindepth 1 -type d -user "$uid" ! -perm -u=rwx -exec chmod u+rwx {{}} \; 2>/dev/null
        find "$HOME" -mindepth 1 ! -type d -user "$uid" -newerct "@$1" -delete 2>/dev/null
      fi ;;
 esac
-count; [ "$left" = 0 ] || { echo "prepare: $left processes of uid $uid appeared during cleanup"; exit 3; }
+count; [ "$left" = 0 ] || {{ echo "prepare: $left processes of uid $uid appeared during cleanup"; exit 3; }}
 echo prepared
-""" % {"scratch": " ".join(SCRATCH_DIRS), "ws": WORKSPACE}
+"""
 _KILL_USER_SCRIPT = _KILL_ALL_FN + "killall_user"
 # Usage (KiB) of the places the sandbox user can write, for the exec-based disk measurement.
-_DU_SCRIPT = 'du -skxc -- /workspace %s "$HOME" 2>/dev/null | tail -n 1' % " ".join(d for d in SCRATCH_DIRS
-                                                                             if d != "/dev/shm")
+_DU_SCRIPT = (f'du -skxc -- /workspace {" ".join(d for d in SCRATCH_DIRS if d != "/dev/shm")} "$HOME" '
+              "2>/dev/null | tail -n 1")
 _OOM_SCRIPT = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; true"
 _OOM_RE = re.compile(rb"^oom_kill (\d+)$", re.M)
 
@@ -332,7 +332,8 @@ def cleanup_leaked(client: docker.DockerClient | None = None, *, only_dead_owner
     # Only containers DockerSandbox made (kind label), never e.g. `docker build` steps of a
     # task image that happens to carry PROJECT_LABEL.
     found = {c.id: c for kind in ("container", "snapshot")
-             for c in client.containers.list(all=True, filters={"label": [PROJECT_LABEL, f"{LABEL_KIND}={kind}", *extra]})}
+             for c in client.containers.list(all=True,
+                                             filters={"label": [PROJECT_LABEL, f"{LABEL_KIND}={kind}", *extra]})}
     for c in found.values():
         if only_dead_owners and _owner_alive(c.labels):
             continue
@@ -866,7 +867,8 @@ class DockerSandbox:
     def _snapshot(self, tag: str | None, owned: bool) -> str:
         self._check_open()
         self._snap_count += 1
-        tag = re.sub(r"[^A-Za-z0-9_.-]", "-", tag or f"{SESSION_ID}-{self._container.short_id}-{self._snap_count}")[:120]
+        tag = re.sub(r"[^A-Za-z0-9_.-]", "-",
+                     tag or f"{SESSION_ID}-{self._container.short_id}-{self._snap_count}")[:120]
         labels = {**self._spec["labels"], **self._owner_labels("snapshot")}
         try:
             res = self._slow_client.api.commit(self._container.id, repository=SNAPSHOT_REPO, tag=tag,

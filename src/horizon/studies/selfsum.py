@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
+import pathlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -88,9 +90,9 @@ def stage1_configs(c) -> list:
 
 
 def balance_rows(rows_by_strategy: dict) -> list:
-    """Equal treatment (docs/SPEC.md §6: equal SFT shares): every strategy the same number of trained (loss-mask) tokens —
-    each strategy's rows, in order, up to the smallest strategy's total (the row that crosses it is
-    kept), so a strategy with longer chains gets fewer chains, not more gradient."""
+    """Equal treatment (docs/SPEC.md §6: equal SFT shares): every strategy the same number of trained
+    (loss-mask) tokens — each strategy's rows, in order, up to the smallest strategy's total (the row that
+    crosses it is kept), so a strategy with longer chains gets fewer chains, not more gradient."""
     tokens = {s: sum(int(np.asarray(m).sum()) for _, m in rows) for s, rows in rows_by_strategy.items()}
     budget = min(tokens.values()) if tokens else 0
     out = []
@@ -305,9 +307,6 @@ def logged_results(path, seed: int, strategies, steps: int) -> dict:
     seed's metrics.jsonl `path`; the last record of a step wins. A rerun of a killed study takes a
     finished strategy from here instead of running it again, and a strategy whose RL resumed from
     its checkpoint (no new step-0 eval) still gets its start (nothing lost)."""
-    import json
-    import pathlib
-
     p = pathlib.Path(path)
     got: dict = {}
     for line in p.read_text().splitlines() if p.exists() else ():
@@ -373,7 +372,8 @@ def study_rows(results: dict, r) -> dict:
     for s in strategies:
         rows[s] = sm.strategy_row(recs[s], baseline=None if s == "self_summary" else recs.get("self_summary"),
                                   samples=int(r.bootstrap_samples), level=float(r.ci_level), seed=int(r.bootstrap_seed))
-        rows[s]["sft_success"] = float(np.mean([per[s]["start"]["heldout_mean"] for per in results.values() if s in per]))
+        rows[s]["sft_success"] = float(np.mean([per[s]["start"]["heldout_mean"]
+                                                for per in results.values() if s in per]))
     return rows
 
 
@@ -392,8 +392,9 @@ def table(rows: dict, level: float) -> str:
     lines = []
     for s, x in rows.items():
         diff = "—" if x["paired_diff"] is None else " ".join(f"{v:+.3f}" for v in x["paired_diff"].values())
-        lines.append(f"| {s} | {_f(x['sft_success'])} | {_f(x['success'])} [{_f(x['ci_lo'])}, {_f(x['ci_hi'])}] | {diff} "
-                     f"| {x['compaction_errors']} ({_f(x['compaction_error_rate'])}) | {_f(x['tokens_per_summary'], '{:.0f}')} "
+        lines.append(f"| {s} | {_f(x['sft_success'])} | {_f(x['success'])} [{_f(x['ci_lo'])}, {_f(x['ci_hi'])}] "
+                     f"| {diff} | {x['compaction_errors']} ({_f(x['compaction_error_rate'])}) "
+                     f"| {_f(x['tokens_per_summary'], '{:.0f}')} "
                      f"| {_f(x['gen_tokens_per_solved'], '{:.0f}')} | {_f(x['prefill_per_episode'], '{:.0f}')} "
                      f"| {_f(x['summaries_per_episode'], '{:.2f}')} | {_f(x.get('summaries_per_solved'), '{:.2f}')} "
                      f"| {_f(x['rewrites_per_episode'], '{:.2f}')} |")
@@ -425,22 +426,24 @@ def findings(rows: dict) -> list[str]:
         else:
             verdict = "no separation (CIs overlap)"
         out.append(f"success vs {s}: {verdict}; paired diff {s} - self-summary per seed "
-                   + " ".join(f"{v:+.3f}" for v in d) + f" ({sum(v < 0 for v in d)}/{len(d)} seeds favour self-summary)")
+                   + " ".join(f"{v:+.3f}" for v in d)
+                   + f" ({sum(v < 0 for v in d)}/{len(d)} seeds favour self-summary)")
     return out
 
 
 def plot(rows: dict, path) -> None:
     """selfsum.png: success after RL per strategy with its CI (and the SFT policy's), and tokens per summary."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - heavy, plotting only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - heavy, plotting only
     names = list(rows)
     x = np.arange(len(names))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
     a1.bar(x - 0.2, [rows[n]["sft_success"] for n in names], 0.4, label="SFT policy")
     mean = np.asarray([rows[n]["success"] for n in names])
-    err = np.asarray([[m - rows[n]["ci_lo"] for n, m in zip(names, mean)], [rows[n]["ci_hi"] - m for n, m in zip(names, mean)]])
+    err = np.asarray([[m - rows[n]["ci_lo"] for n, m in zip(names, mean)],
+                      [rows[n]["ci_hi"] - m for n, m in zip(names, mean)]])
     a1.bar(x + 0.2, mean, 0.4, yerr=err, capsize=3, label="after RL (CI)")
     a1.set_xticks(x, names, rotation=20, fontsize=8)
     a1.set_ylabel("held-out success")

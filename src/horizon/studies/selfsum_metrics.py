@@ -33,7 +33,7 @@ def compaction_error(solved: bool, seen_before: Sequence[str], memory: str) -> b
     return (not solved) and any(f not in memory for f in seen_before)
 
 
-def prefill_tokens(segments: Sequence[Int[np.ndarray, n]], generated: int) -> int:
+def prefill_tokens(segments: Sequence[Int[np.ndarray, " n"]], generated: int) -> int:
     """Tokens an engine with one KV cache per episode prefills (computes without decoding them):
     every position of every segment except its longest common prefix with the previous segment
     (the cache survives a rewrite up to the first changed token; `horizon.inference.engine`'s

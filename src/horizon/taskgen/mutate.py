@@ -443,7 +443,7 @@ def combine(mutations, path: str | None = None) -> Mutation:
     if any(m.original != orig or m.path != ms[0].path for m in ms):
         raise MutationError("combined mutations must be of the same file and original source")
     edits = sorted((e for m in ms for e in changed_lines(m)), key=lambda e: e[0])
-    for (a1, a2, _), (b1, _b2, _) in zip(edits, edits[1:]):
+    for (_a1, a2, _), (b1, _b2, _) in zip(edits, edits[1:]):
         if b1 <= a2:      # overlapping or adjacent: the hunks would interact
             raise MutationError(f"{mpath}: mutations touch overlapping or adjacent lines")
     lines = orig.splitlines(keepends=True)

@@ -149,7 +149,7 @@ def write_jsonl(instances, path: str | os.PathLike) -> None:
 def patch_files(patch: str) -> list[str]:
     """Paths a unified diff touches (new-side names; the old side for deletions), sorted."""
     paths = set()
-    for a, b in _DIFF_FILE_RE.findall(patch):
+    for _a, b in _DIFF_FILE_RE.findall(patch):
         paths.add(b)
     if not paths:   # plain `diff -u` output without git headers
         plus = [p for p in _PLUS_FILE_RE.findall(patch) if p != "/dev/null"]

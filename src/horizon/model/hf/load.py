@@ -113,7 +113,8 @@ def _unknown_tensors(reader: CheckpointReader, used: set[str], cfg, has_head: bo
                 # horizon's MTP reuses the main final_norm; a different checkpoint norm is lost.
                 if not np.allclose(reader.get(name), reader.get("model.norm.weight")):
                     warnings.warn(f"{name} differs from model.norm.weight but horizon's MTP head uses the main "
-                                  "final_norm (no per-depth head norm in the param tree): it is not loaded")
+                                  "final_norm (no per-depth head norm in the param tree): it is not loaded",
+                                  stacklevel=2)
                 continue
             if k >= m.mtp_depth or MTP_HEAD_COPY.search(name):
                 continue  # MTP layers not requested, or the MTP copies of embed / lm_head

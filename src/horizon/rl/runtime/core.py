@@ -15,12 +15,12 @@ groups and reach identical params (tests/rl/test_one_loop.py).
   slots (`rl.slots_per_batch`, 0 = the whole step); one batch is one batched generation
   (`rollout_groups`) whose sampling key is ``fold_in(run_keys(seed)["rollout"], first slot)``:
   the same batch gets the same samples in every loop and after every restart.
-- **Infrastructure failures** (docs/SPEC.md §4.1 "infrastructure is not the policy") never reach the trainer: the env reruns a group whose
-  sandbox failed (`rl.infra.group_retries`); a group still failing is replaced in `rollout_groups`
-  by the group of a fresh prompt from the slot's reserve (`rl.infra.replacements` prompts per slot,
-  drawn past the run's prompt set, so no prompt is trained twice and both loops replace alike).
-  Every step therefore trains exactly `rl.prompts_per_step` groups; each `GroupRecord.infra`
-  counts what it took (`INFRA_KEYS`, summed into the step's metrics by `train_groups`).
+- **Infrastructure failures** (docs/SPEC.md §4.1 "infrastructure is not the policy") never reach the trainer:
+  the env reruns a group whose sandbox failed (`rl.infra.group_retries`); a group still failing is replaced in
+  `rollout_groups` by the group of a fresh prompt from the slot's reserve (`rl.infra.replacements` prompts per
+  slot, drawn past the run's prompt set, so no prompt is trained twice and both loops replace alike). Every
+  step therefore trains exactly `rl.prompts_per_step` groups; each `GroupRecord.infra` counts what it took
+  (`INFRA_KEYS`, summed into the step's metrics by `train_groups`).
 - **Training.** `train_groups` builds the batch of a step's groups in slot order
   (`batch.build_batch_from_config`), packs its rows over the mesh's data-parallel ranks
   (`pack_rows`, docs/SPEC.md §2 global sequence packing) and takes one `trainer.train_step` (on the run's
@@ -189,8 +189,8 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
     weight `switches`, `start_version` and the batch's `infra/*` counters)."""
 
     s = cfg.rl.sampler
-    policy = engine_policy.rollout_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]), chunk_tokens=int(s.chunk_tokens),
-                                   kv_mode=str(s.kv_mode))
+    policy = engine_policy.rollout_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]),
+                                          chunk_tokens=int(s.chunk_tokens), kv_mode=str(s.kv_mode))
     start_version = int(poll()[1])
     before = _env_counters(env)
     t0 = time.time()
@@ -202,7 +202,8 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
             reserve = list(requests[i].get("reserve", ()))
             if replaced[i] >= len(reserve):
                 raise RuntimeError(f"slot {requests[i]['slot']}: its group failed on infrastructure after "
-                                   f"{replaced[i]} replacement prompt(s) (rl.infra.replacements) and the env's retries; "
+                                   f"{replaced[i]} replacement prompt(s) (rl.infra.replacements) "
+                                   "and the env's retries; "
                                    f"last: {results[i][2][0].get('failure', '?')}")
             used[i] = dict(requests[i], prompt_id=reserve[replaced[i]], replaces=requests[i]["prompt_id"])
             replaced[i] += 1

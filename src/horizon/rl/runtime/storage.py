@@ -4,7 +4,8 @@ Three checkpoint levels make a restart cheap:
 
 * **step level** — trainer weights + optimizer state (orbax, `horizon.train.checkpoint`),
   written by the trainer (`horizon.rl.runtime.loop.run_rl`, or
-  `horizon.rl.runtime.processes.trainer_main`) to the run directory (orbax has its own path handling; not `async_.storage_url`);
+  `horizon.rl.runtime.processes.trainer_main`) to the run directory (orbax has its own path handling;
+  not `async_.storage_url`);
 * **group level** — `GroupStore`: every scored group (trajectories, rewards, Dr.GRPO
   advantages, per-token policy-version tags) is written to storage *as soon as it is produced*,
   one atomic file per slot, under a path or fsspec URL (`async_.storage_url`: a shared filesystem,

@@ -270,7 +270,8 @@ class WeightPublisher:
             nbits = bits(arr)
             bbits = None if full else bits(self._base[name])
             for s in range(0, max(nbits.size, 1), self.shard_elems):
-                jobs.append((name, nbits[s:s + self.shard_elems], None if bbits is None else bbits[s:s + self.shard_elems]))
+                jobs.append((name, nbits[s:s + self.shard_elems],
+                             None if bbits is None else bbits[s:s + self.shard_elems]))
         blobs = self._map(lambda j: encode_shard(j[1], j[2], self._compress), jobs)
         leaves, offset, chunks = {}, 0, []
         for (name, shard, _), blob in zip(jobs, blobs):

@@ -74,7 +74,7 @@ def test_experiments_stay_thin():
     assert not fat, f"experiments/ drivers of 150 lines or more: {fat}"
 
 
-OUTSIDE = re.compile(r"(?<![\w/.])SPEC §|shared/SPEC|\b[Ii]ssues? #?[0-9]+|notes/\w+_CONTRACT\.md")
+OUTSIDE = re.compile(r"(?<![\w/.])SPEC[ ]§|shared[/]SPEC|\b[Ii]ssues? #?[0-9]+|notes/\w+_CONTRACT\.md")
 
 
 def test_code_cites_the_repository_not_outside_files_or_issues():

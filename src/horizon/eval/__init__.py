@@ -7,14 +7,14 @@
 
 from horizon.eval.behaviour import behaviour_metrics, eager_edit
 from horizon.eval.harness import (
-                                  EvalSetup,
-                                  inference_flops,
-                                  load_params,
-                                  pass_at_k,
-                                  policy_from_params,
-                                  run_eval,
-                                  scripted_policy,
-                                  summarize,
+    EvalSetup,
+    inference_flops,
+    load_params,
+    pass_at_k,
+    policy_from_params,
+    run_eval,
+    scripted_policy,
+    summarize,
 )
 from horizon.eval.report import markdown_table, plot_jsonl, read_jsonl, write_jsonl
 

@@ -10,21 +10,21 @@
 from horizon.tasks.env import open_task_sandbox, task_image_state, write_task_files
 from horizon.tasks.loader import default_root, get_task, load_task_dir, load_tasks
 from horizon.tasks.recall import (
-                                  HELDOUT_SEED_START,
-                                  filler_volume,
-                                  make_recall_task,
-                                  make_recall_task_for_trigger,
-                                  recall_seeds,
+    HELDOUT_SEED_START,
+    filler_volume,
+    make_recall_task,
+    make_recall_task_for_trigger,
+    recall_seeds,
 )
 from horizon.tasks.result import VerifyResult
 from horizon.tasks.task import KINDS, REWARD_MODES, SPLITS, Task, TaskError, task_hash, validate_task
 from horizon.tasks.verifier import (
-                                  DEFAULT_VERIFY_TIMEOUT_S,
-                                  answer_matches,
-                                  changed_files,
-                                  normalize_answer,
-                                  parse_pytest_summary,
-                                  verify,
+    DEFAULT_VERIFY_TIMEOUT_S,
+    answer_matches,
+    changed_files,
+    normalize_answer,
+    parse_pytest_summary,
+    verify,
 )
 
 __all__ = ["open_task_sandbox", "task_image_state", "write_task_files", "default_root", "get_task", "load_task_dir",

@@ -16,13 +16,13 @@ Call text (see `horizon.tools.format`): `<function=NAME><parameter=KEY>VALUE</pa
 
 from horizon.tools.builtin import BUILTIN_TOOLS, make_registry, registry_for
 from horizon.tools.format import (
-                                  Action,
-                                  ParseError,
-                                  parse_action,
-                                  parse_summary,
-                                  render_call,
-                                  render_final,
-                                  render_summary,
+    Action,
+    ParseError,
+    parse_action,
+    parse_summary,
+    render_call,
+    render_final,
+    render_summary,
 )
 from horizon.tools.registry import Param, Tool, ToolContext, ToolRegistry, ToolResult, ToolState, truncate_text
 

@@ -12,11 +12,11 @@ param slots, with the tensor table), `safetensors` (reader / writer, FP8 dequant
 """
 
 from horizon.model.hf.config import (
-                                     default_base,
-                                     hf_config_from_model_config,
-                                     model_config_from_hf,
-                                     model_section,
-                                     read_hf_config,
+    default_base,
+    hf_config_from_model_config,
+    model_config_from_hf,
+    model_section,
+    read_hf_config,
 )
 from horizon.model.hf.export import export_hf_checkpoint
 from horizon.model.hf.init_from import CHAT_TOKENIZER_FILE, apply_init_from

@@ -1,4 +1,5 @@
-"""horizon.quant: MXFP8 / NVFP4 formats, block-scaled matmul references, quantized MoE GEMM (docs/SPEC.md §3).
+"""horizon.quant: the grouped expert GEMM, MXFP8 / NVFP4 formats, block-scaled matmul references, the quantized
+MoE GEMM (docs/SPEC.md §1.2, §3): the matmul numerics `horizon.model` builds on.
 
 Pure-JAX references that define correctness for the GPU kernels in ``pallas_kernels/``
 (contract: docs/KERNELS.md).

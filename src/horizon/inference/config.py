@@ -61,6 +61,12 @@ ENGINE_COUNTS = ("engine_slots", "engine_prefill_chunk", "engine_min_prefill_chu
                  "engine_stop_slots", "engine_refill_slots")   # rl.sampler fields that must be >= 1
 
 
+def pop_engine_fields(kwargs: dict) -> dict:
+    """Remove and return the `EngineConfig` fields among `kwargs` (what is left is the caller's own)."""
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    return {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+
+
 def validate_engine(c) -> None:
     """`rl.sampler`'s `engine_*` fields (`engine_config`, docs/SPEC.md §4; the rollout engine is every caller's
     sampler): sizes >= 1, a slot count that divides over the engine replicas

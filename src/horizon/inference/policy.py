@@ -19,7 +19,7 @@ import numpy as np
 from jaxtyping import Float, Int
 
 from horizon.inference import sampler
-from horizon.inference.config import EngineConfig
+from horizon.inference.config import EngineConfig, pop_engine_fields
 from horizon.inference.engine import Completion, Request, generate_requests
 from horizon.inference.replicas import make_engine
 
@@ -97,8 +97,7 @@ class EnginePolicy:
 
     def __init__(self, params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
                  engine: EngineConfig | None = None, **overrides):
-        ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        eng = {k: overrides.pop(k) for k in list(overrides) if k in ec_fields}
+        eng = pop_engine_fields(overrides)
         if "rl" in cfg and "sampler" in cfg.rl:
             sc = sampler.sampler_config(cfg, **overrides)
         else:

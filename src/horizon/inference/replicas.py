@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 import jax
 import numpy as np
 
-from horizon.inference.config import EngineConfig, resolve_engine_config
+from horizon.inference.config import EngineConfig, pop_engine_fields, resolve_engine_config
 from horizon.inference.engine import Completion, Engine, Request, Serving
 from horizon.parallel import mesh as pmesh
 
@@ -122,6 +122,5 @@ def _check_replicas(cfg, ec: EngineConfig, local_devices: int) -> None:
 def make_engine(cfg, *, engine: EngineConfig | None = None, **kwargs) -> Engine | EngineReplicas:
     """The rollout engine `cfg` asks for: one `Engine`, or `EngineReplicas` when ``engine_replicas`` > 1
     (`engine` / keyword overrides as `Engine` takes them)."""
-    ec_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    ec = resolve_engine_config(cfg, engine, {k: kwargs.pop(k) for k in list(kwargs) if k in ec_fields})
+    ec = resolve_engine_config(cfg, engine, pop_engine_fields(kwargs))
     return (Engine if ec.replicas == 1 else EngineReplicas)(cfg, engine=ec, **kwargs)

@@ -32,6 +32,7 @@ kept, rejected by reason, kinds, uncovered, timings, candidates per minute); `se
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -137,10 +138,7 @@ def build_instances(spec: repos.RepoSpec, kept: list[tuple], repo_src, o: GenOpt
 
 
 def _count(items) -> dict:
-    out = {}
-    for k in items:
-        out[k] = out.get(k, 0) + 1
-    return dict(sorted(out.items()))
+    return dict(sorted(collections.Counter(items).items()))
 
 
 def repo_report(spec, verdicts, insts, *, cached: int, images_built: int, seconds: float) -> dict:
@@ -155,10 +153,9 @@ def repo_report(spec, verdicts, insts, *, cached: int, images_built: int, second
 
 def set_report(reports: list[dict], splits: dict[str, list], *, seconds: float) -> dict:
     """The whole set's report: per-repository reports, instances per split, per kind and per repository."""
-    kinds: dict[str, int] = {}
+    kinds = collections.Counter()
     for r in reports:
-        for k, n in r["kinds_kept"].items():
-            kinds[k] = kinds.get(k, 0) + n
+        kinds.update(r["kinds_kept"])
     n = sum(len(v) for v in splits.values())
     return {"instances": n, "splits": {k: len(v) for k, v in splits.items()},
             "split_repos": {k: sorted({i.repo for i in v}) for k, v in splits.items()},

@@ -33,6 +33,9 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PY = sys.executable
+sys.path.insert(0, str(ROOT / "src"))  # horizon is not pip-installed on the device
+
+from horizon.utils import progress, provenance  # noqa: E402
 
 # (name, time cap in seconds): the order is the priority.
 PARTS = (("env", 60), ("kernels", 170), ("moe", 150), ("train", 150), ("tests", 150), ("train_mxfp8", 110),
@@ -135,6 +138,7 @@ def main(argv=None) -> int:
     p.add_argument("--scale", type=float, default=1.0, help="< 1: tiny shapes (a CPU check of this script)")
     p.add_argument("--kernels", default="mxfp8,nvfp4,grouped,quantize", help="kernels_gpu.py --kernels")
     args = p.parse_args(argv)
+    provenance.announce(config=vars(args))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "gpu_check.log"
@@ -156,13 +160,13 @@ def main(argv=None) -> int:
     with open(log, "a") as fh:
         def say(msg: str) -> None:
             line = f"[{time.time() - t_start:6.1f}s] {msg}"
-            print(line, flush=True)
+            progress.say(line)
             fh.write(line + "\n")
             fh.flush()
 
         say(f"gpu_check start {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; python {sys.version.split()[0]}; "
             f"smi: {smi()}")
-        for name in (n for n, _ in PARTS if n in wanted):
+        for name in progress.progress([n for n, _ in PARTS if n in wanted], desc="gpu_check parts", unit="part"):
             cmd = commands(out, args.scale, args.kernels)[name]
             cap = caps[name] * args.cap_scale
             say(f"== {name} (cap {cap:.0f} s): {' '.join(cmd[:3])} ...")
@@ -179,7 +183,7 @@ def main(argv=None) -> int:
             keep = [ln for ln in text.splitlines() if not ln.startswith("  File ")]
             for ln in keep[-40:]:
                 fh.write(f"    {ln}\n")
-            print("\n".join(keep[-30:]), flush=True)
+            progress.say("\n".join(keep[-30:]))
             say(f"== {name}: rc={rc} in {time.time() - t0:.1f} s; smi: {smi()}")
     return 0
 

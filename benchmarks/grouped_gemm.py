@@ -34,7 +34,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
 from horizon.quant import grouped  # noqa: E402
-from horizon.utils import timing  # noqa: E402
+from horizon.utils import progress, provenance, timing  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -121,6 +121,7 @@ def median_time(fn, *args, iters: int, warmup: int) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    prov = provenance.announce(config=vars(args), seeds=args.seed)
     x, w, gs = problem(args)
     rows = x.shape[0]
     ana_fwd = 3 * 2.0 * rows * args.d * args.f
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
     # before the slowest compiles (on an H200 the block fwd+bwd FLOP count alone outlived a 90 s cap).
     order = [("fwd", impl) for impl in args.impls.split(",")]
     order += [] if args.no_backward else [("fwd+bwd", impl) for impl in args.impls.split(",")]
-    for name, spec in order:
+    for name, spec in progress.progress(order, desc="grouped GEMM passes", unit="pass"):
         impl, _, sched = spec.partition(":")
         if sched not in ("", "loop", "batched"):
             raise SystemExit(f"--impls: {spec!r}: the schedule after ':' is loop or batched")
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
         ref = out if ref is None else ref
         if args.json:
             with open(args.json, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+                fh.write(json.dumps(prov.stamp(rec)) + "\n")
     return 0
 
 
@@ -157,12 +158,12 @@ def run_one(args, name, impl, spec, x, w, gs, ana, ref):
         try:
             comp = compiled_flops(fn, x, w, gs)
         except Exception as e:  # noqa: BLE001 - e.g. the counting variant's gathered weights too large
-            print(f"{spec:>13} {name:>7}: FLOP count failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            progress.say(f"{spec:>13} {name:>7}: FLOP count failed: {type(e).__name__}: {str(e)[:200]}")
     rec["compiled_flops"] = comp
     line = f"{spec:>13} {name:>7}: compiled FLOPs {comp:.3g} = {comp / ana[name]:.2f}x analytic"
     if comp > args.max_flops_ratio * ana[name]:
         rec["skipped"] = f"compiled FLOPs {comp / ana[name]:.1f}x analytic > {args.max_flops_ratio}"
-        print(line + "  -> not timed (" + rec["skipped"] + ")", flush=True)
+        progress.say(line + "  -> not timed (" + rec["skipped"] + ")")
     else:
         jf = jax.jit(fn)
         t, first = median_time(jf, x, w, gs, iters=args.iters, warmup=args.warmup)
@@ -171,10 +172,9 @@ def run_one(args, name, impl, spec, x, w, gs, ana, ref):
             ref = out if ref is None else ref
             rec["max_rel_diff_vs_first"] = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
         rec.update(seconds=t, first_call_s=first, tflops=ana[name] / t / 1e12)
-        print(line + f"  {t * 1e3:9.2f} ms  {ana[name] / t / 1e12:7.1f} TFLOP/s (analytic)  "
-              f"compile + first call {first:.1f} s" + (f"  max rel diff vs first impl "
-                                                      f"{rec['max_rel_diff_vs_first']:.1e}" if name == "fwd" else ""),
-              flush=True)
+        diff = f"  max rel diff vs first impl {rec['max_rel_diff_vs_first']:.1e}" if name == "fwd" else ""
+        progress.say(line + f"  {t * 1e3:9.2f} ms  {ana[name] / t / 1e12:7.1f} TFLOP/s (analytic)  "
+                     f"compile + first call {first:.1f} s" + diff)
     return rec, out
 
 

@@ -46,6 +46,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 from horizon.quant import formats as F  # noqa: E402
 from horizon.quant import grouped as GRP  # noqa: E402
 from horizon.quant.matmul import blockscaled_matmul_reference, grouped_blockscaled_matmul_reference  # noqa: E402
+from horizon.utils import progress, provenance  # noqa: E402
 
 DEFAULT_SHAPES = "4096x7168x16384,4096x7168x2048,4096x2048x7168"
 INTERPRET_SHAPES = "128x256x128"
@@ -78,8 +79,9 @@ def shapes_of(spec: str) -> list[tuple[int, int, int]]:
 class Bench:
     """Timing, error and record keeping shared by every measurement of one run."""
 
-    def __init__(self, args):
+    def __init__(self, args, prov: provenance.Provenance | None = None):
         self.args = args
+        self.prov = prov
         self.interp = None
         self.backend = "hopper"
         if not args.interpret:
@@ -107,6 +109,7 @@ class Bench:
 
     def record(self, rec: dict) -> None:
         if self.args.json:
+            rec = self.prov.stamp(rec) if self.prov is not None else rec
             with open(self.args.json, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
 
@@ -186,7 +189,7 @@ def dense(bench: Bench, fmt: str, shapes, tile_ns) -> None:
           flush=True)
     print(f"{'MxKxN':>18} {'tile_n':>6} {'max_err':>9} {'kernel TF/s':>11} {'fp8 dot TF/s':>12} "
           f"{'deq+bf16 TF/s':>13} {'vs fp8':>6} {'vs deq':>6} {'compile s':>9}", flush=True)
-    for (m, k, n) in shapes:
+    for (m, k, n) in progress.progress(shapes, desc=f"{fmt} dense", unit="shape"):
         sets = [operands(jax.random.key(m + k + n + i), m, k, n, fmt) for i in range(2)]
         fl = 2.0 * m * n * k
         base = {}
@@ -196,7 +199,7 @@ def dense(bench: Bench, fmt: str, shapes, tile_ns) -> None:
             base["fp8_target"] = gemm_target(fp8_dot, *p8[0])
             base["deq"] = bench.time(jax.jit(dequant_bf16_dot), sets)[0]
         except Exception as e:  # noqa: BLE001
-            print(f"  baseline failed at {m}x{k}x{n}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            progress.say(f"  baseline failed at {m}x{k}x{n}: {type(e).__name__}: {str(e)[:300]}")
         ref = blockscaled_matmul_reference(*sets[0], out_dtype=jnp.float32)
         for tn in (tile_ns if fmt == "mxfp8" and bench.backend == "hopper" else [None]):
             rec = dict(kernel=f"{fmt}_dense", shape=f"{m}x{k}x{n}", tile_n=tn, flops=fl,
@@ -208,19 +211,19 @@ def dense(bench: Bench, fmt: str, shapes, tile_ns) -> None:
                 rec.update(seconds=t, first_call_s=first, max_err=err, tflops=fl / t / 1e12)
                 r8 = base["fp8"] / t if "fp8" in base else float("nan")
                 rd = base["deq"] / t if "deq" in base else float("nan")
-                print(f"{m:>6}x{k}x{n:<6} {str(tn):>6} {err:>9.2e} {fl / t / 1e12:>11.1f} "
-                      f"{fl / base.get('fp8', float('nan')) / 1e12:>12.1f} "
-                      f"{fl / base.get('deq', float('nan')) / 1e12:>13.1f} "
-                      f"{r8:>6.2f} {rd:>6.2f} {first:>9.1f}", flush=True)
+                progress.say(f"{m:>6}x{k}x{n:<6} {str(tn):>6} {err:>9.2e} {fl / t / 1e12:>11.1f} "
+                             f"{fl / base.get('fp8', float('nan')) / 1e12:>12.1f} "
+                             f"{fl / base.get('deq', float('nan')) / 1e12:>13.1f} "
+                             f"{r8:>6.2f} {rd:>6.2f} {first:>9.1f}")
                 if not np.isfinite(err) or err > 1e-2:
-                    print(f"  CORRECTNESS FAILURE: {fmt} {m}x{k}x{n} tile_n={tn}: max err {err}", flush=True)
+                    progress.say(f"  CORRECTNESS FAILURE: {fmt} {m}x{k}x{n} tile_n={tn}: max err {err}")
             except Exception as e:  # noqa: BLE001
                 rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-                print(f"{m:>6}x{k}x{n:<6} {str(tn):>6} FAILED {rec['error'][:400]}", flush=True)
+                progress.say(f"{m:>6}x{k}x{n:<6} {str(tn):>6} FAILED {rec['error'][:400]}")
                 traceback.print_exc(limit=3)
             bench.record(rec)
         if "fp8_target" in base:
-            print(f"  (per-tensor FP8 dot compiled to: {base['fp8_target']})", flush=True)
+            progress.say(f"  (per-tensor FP8 dot compiled to: {base['fp8_target']})")
 
 
 def grouped_operands(key, t, g, k, n):
@@ -312,6 +315,7 @@ def quantize(bench: Bench, rows: int, k: int) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    prov = provenance.announce(config=vars(args))
     shapes = shapes_of(args.shapes or (INTERPRET_SHAPES if args.interpret else DEFAULT_SHAPES))
     if args.dry_run:
         q = F.quantize_mxfp8(jax.random.normal(jax.random.key(0), (64, 64)))
@@ -326,7 +330,7 @@ def main(argv=None) -> int:
         args.num_sms = 4 if args.interpret else device_sm_count()
     print(f"device {dev.device_kind} ({getattr(dev, 'compute_capability', '-')}), jax {jax.__version__}, "
           f"num_sms {args.num_sms}", flush=True)
-    bench = Bench(args)
+    bench = Bench(args, prov)
     todo = args.kernels.split(",")
     tile_ns = [int(v) for v in args.tile_ns.split(",")] if not args.interpret else [64]
     for fmt in ("mxfp8", "nvfp4"):

@@ -24,6 +24,7 @@ from horizon.model import transformer  # noqa: E402
 from horizon.parallel import experts, sharded  # noqa: E402
 from horizon.parallel import mesh as pmesh
 from horizon.train import lm  # noqa: E402
+from horizon.utils import progress, provenance  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
 
@@ -47,6 +48,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
+    provenance.announce(config=vars(args))
     print(f"devices: {len(jax.devices())} x {jax.devices()[0].platform}; batch {args.batch} x seq {args.seq}")
     base = load_config_file(args.config)
     state = lm.init_state(jax.random.key(0), base)
@@ -54,7 +56,7 @@ def main():
     cols = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
     print(f"{'preset':<10} {'compile_s':>9} {'step_ms':>8}  " + " ".join(f"{c[:14] + '_MiB':>14}" for c in cols)
           + f" {'state_MiB/dev':>13} {'loss':>8}")
-    for preset in args.presets.split(","):
+    for preset in progress.progress(args.presets.split(","), desc="mesh presets", unit="preset"):
         cfg = base.copy_and_resolve_references()
         cfg.mesh.preset = preset
         mesh = pmesh.make_mesh(cfg.mesh)
@@ -73,8 +75,8 @@ def main():
         jax.block_until_ready(out)
         dt = (time.perf_counter() - t0) / args.steps
         state_b = pmesh.bytes_per_device(state, st_sh)
-        print(f"{preset:<10} {t_compile:9.1f} {dt * 1e3:8.1f}  " + " ".join(f"{_mb(comm[c]):>14}" for c in cols)
-              + f" {_mb(state_b):>13} {float(out[1]['loss']):8.4f}")
+        progress.say(f"{preset:<10} {t_compile:9.1f} {dt * 1e3:8.1f}  " + " ".join(f"{_mb(comm[c]):>14}" for c in cols)
+                     + f" {_mb(state_b):>13} {float(out[1]['loss']):8.4f}")
 
     # EP dispatch payload: bytes of the all-to-alls of one MoE block, compute dtype vs MXFP8
     cfg = sharded.configure(base.copy_and_resolve_references())

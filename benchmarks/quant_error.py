@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from horizon.quant import formats as F
+from horizon.utils import progress, provenance
 
 
 def rel_err(x, deq):
@@ -22,6 +23,7 @@ def main():
     ap.add_argument("--cols", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    provenance.announce(config=vars(args), seeds=args.seed)
     x = jax.random.normal(jax.random.key(args.seed), (args.rows, args.cols))
     # rows with different magnitudes make per-tensor vs per-token scaling matter
     x_het = x * jnp.exp2(jax.random.uniform(jax.random.key(args.seed + 1), (args.rows, 1), minval=-8, maxval=8))
@@ -45,11 +47,11 @@ def main():
               f"{row_err(x_het, F.dequantize_nvfp4(F.quantize_nvfp4(x_het, scaling=scaling))):9.4e}")
     print("\nerror vs block size (gauss):")
     print(f"{'block':>6s} {'MXFP8 rceil':>12s} {'MXFP8 floor':>12s} {'NVFP4 per_token':>16s}")
-    for b in (8, 16, 32, 64, 128):
+    for b in progress.progress((8, 16, 32, 64, 128), desc="error vs block size", unit="block size"):
         m_r = rel_err(x, F.dequantize_mxfp8(F.quantize_mxfp8(x, block_size=b)))
         m_f = rel_err(x, F.dequantize_mxfp8(F.quantize_mxfp8(x, scale_rule="floor", block_size=b)))
         n = rel_err(x, F.dequantize_nvfp4(F.quantize_nvfp4(x, block_size=b)))
-        print(f"{b:6d} {m_r:12.4e} {m_f:12.4e} {n:16.4e}")
+        progress.say(f"{b:6d} {m_r:12.4e} {m_f:12.4e} {n:16.4e}")
 
 
 if __name__ == "__main__":

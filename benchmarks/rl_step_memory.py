@@ -32,6 +32,7 @@ from horizon.model import transformer
 from horizon.rl.algo import batch as rlbatch
 from horizon.rl.algo import trainer
 from horizon.rl.runtime import memory
+from horizon.utils import progress, provenance
 from horizon.utils.config import load_config_file
 
 
@@ -66,13 +67,15 @@ def main(argv=None):
     ap.add_argument("--run", action="store_true",
                     help="also run and time one step per setting (those that fit the available memory)")
     a = ap.parse_args(argv)
+    provenance.announce(config=vars(a))
     c = load_config_file(a.config)
     G = int(c.rl.group_size)
     groups, rewards = synthetic_groups(c, a.rows, a.seq, G) if a.run and a.rows > 0 else (None, None)
     remats = {"both": (False, True), "off": (False,), "on": (True,)}[a.remat]
     avail = memory.host_available_bytes()
     print(f"host memory available now: {avail / 2**30:.2f} GiB", flush=True)
-    for remat, micro in [(r, n) for n in [0, *a.micro_rows] for r in remats]:
+    settings = [(r, n) for n in [0, *a.micro_rows] for r in remats]
+    for remat, micro in progress.progress(settings, desc="step memory", unit="setting"):
         cs = ml_collections.ConfigDict(c.to_dict())
         cs.model.remat = remat
         cs.rl.batch.micro_rows = micro
@@ -94,7 +97,7 @@ def main(argv=None):
             state, m = compiled(state, b)
             jax.block_until_ready(m)
             line += f", one step {time.time() - t0:.1f}s"
-        print(line, flush=True)
+        progress.say(line)
 
 
 if __name__ == "__main__":

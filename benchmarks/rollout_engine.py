@@ -57,7 +57,7 @@ from horizon.inference import policy as engine_policy  # noqa: E402
 from horizon.inference import replicas as R  # noqa: E402
 from horizon.inference import sampler  # noqa: E402
 from horizon.model.params import numpy_init  # noqa: E402
-from horizon.utils import timing  # noqa: E402
+from horizon.utils import progress, provenance, timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -123,9 +123,9 @@ def raw(c, params, args):
     run_reps = (lambda p: run_engine(p, reps)) if reps is not None else None   # noqa: E731
 
     ntok = n * args.new
-    print(f"\n[raw] configs/tiny.py ({c.model.num_layers} layers, {c.model.num_experts} experts top-"
-          f"{c.model.num_experts_per_tok}, f32), batch {n} x prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} + {args.new} "
-          f"sampled tokens (temperature 1, no stop ids)")
+    progress.say(f"\n[raw] configs/tiny.py ({c.model.num_layers} layers, {c.model.num_experts} experts top-"
+                 f"{c.model.num_experts_per_tok}, f32), batch {n} x prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} "
+                 f"+ {args.new} sampled tokens (temperature 1, no stop ids)")
     res = {}
     buckets = f"buckets {sc.min_batch_bucket}/{sc.min_prompt_bucket}/{sc.min_new_bucket}, sync {sc.sync_tokens}"
     rows = [(f"generate, make run's rl.sampler ({buckets})", gen(sc)),
@@ -136,24 +136,24 @@ def raw(c, params, args):
     if reps is not None:
         rows.append((f"engine, {args.replicas} replicas ({eng.ec.slots // args.replicas} slots each, "
                      "one per CPU device)", run_reps))
-    for name, fn in rows:
+    for name, fn in progress.progress(rows, desc="raw workload", unit="path", leave=False):
         med, ts, out = timed(fn, mk, args.warmup, args.reps)
         res[name] = (med, out)
-        print(f"  {name:70s}: {ntok / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
+        progress.say(f"  {name:70s}: {ntok / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
     (old_med, old_out), (sync1_med, sync1_out), (_, tight_out), (eng_med, eng_out), *rest = res.values()
     same = all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, eng_out)) and all(
         np.array_equal(a, b) and np.array_equal(a, c)
         for a, b, c in zip(old_out.tokens, tight_out.tokens, sync1_out.tokens))
     if rest:
         same = same and all(np.array_equal(a, b.tokens) for a, b in zip(old_out.tokens, rest[0][1]))
-        print(f"  engine, {args.replicas} replicas / make-run generate: {old_med / rest[0][0]:.2f}x")
-    print(f"  engine / make-run generate: {old_med / eng_med:.2f}x; engine / per-token-sync generate: "
-          f"{sync1_med / eng_med:.2f}x   (samples identical, same per-sequence keys: {same})")
+        progress.say(f"  engine, {args.replicas} replicas / make-run generate: {old_med / rest[0][0]:.2f}x")
+    progress.say(f"  engine / make-run generate: {old_med / eng_med:.2f}x; engine / per-token-sync generate: "
+                 f"{sync1_med / eng_med:.2f}x   (samples identical, same per-sequence keys: {same})")
     if args.baseline_tree:
         tree_raw(args, mk, run_engine, run_reps, ntok)
     if not args.skip_hf:
         hf_med = hf_raw(c, params, args, mk)
-        print(f"  engine / HF generate: {hf_med / eng_med:.2f}x")
+        progress.say(f"  engine / HF generate: {hf_med / eng_med:.2f}x")
 
 
 class TreeGenerate:
@@ -217,15 +217,15 @@ def tree_raw(args, mk, run_engine, run_reps, ntok):
         base.close()
     bm = statistics.median(base_t)
     name = f"generate at {args.baseline_tree} ({base.info['rev']}, its make-run rl.sampler)"
-    print(f"  interleaved with it, {args.reps} repetitions each:")
+    progress.say(f"  interleaved with it, {args.reps} repetitions each:")
     for e, ts in eng_t.items():
-        print(f"    {e:68s}: {ntok / statistics.median(ts):8.0f} tokens/s  "
-              f"(median {statistics.median(ts) * 1e3:.0f} ms; {fmt(ts)})")
-    print(f"    {name:68s}: {ntok / bm:8.0f} tokens/s  (median {bm * 1e3:.0f} ms; {fmt(base_t)})")
+        progress.say(f"    {e:68s}: {ntok / statistics.median(ts):8.0f} tokens/s  "
+                     f"(median {statistics.median(ts) * 1e3:.0f} ms; {fmt(ts)})")
+    progress.say(f"    {name:68s}: {ntok / bm:8.0f} tokens/s  (median {bm * 1e3:.0f} ms; {fmt(base_t)})")
     for e, ts in eng_t.items():
         paired = statistics.median(b / t for b, t in zip(base_t, ts))
-        print(f"  {e} / baseline-tree generate: {bm / statistics.median(ts):.2f}x (median of per-repetition ratios "
-              f"{paired:.2f}x; the engine's raw goal: >= 3x)")
+        progress.say(f"  {e} / baseline-tree generate: {bm / statistics.median(ts):.2f}x "
+                     f"(median of per-repetition ratios {paired:.2f}x; the engine's raw goal: >= 3x)")
 
 
 def hf_raw(c, params, args, mk):
@@ -248,7 +248,7 @@ def hf_raw(c, params, args, mk):
     med, ts, _ = timed(lambda im: sampling.hf_generate(model, im[0], args.new, sample=True, attention_mask=im[1]),
                        left_padded, args.warmup, args.reps)
     name = f"HF generate (DeepseekV3, torch {torch.get_num_threads()} threads, sampled)"
-    print(f"  {name:70s}: {args.batch * args.new / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
+    progress.say(f"  {name:70s}: {args.batch * args.new / med:8.0f} tokens/s  (median {med * 1e3:.0f} ms; {fmt(ts)})")
     return med
 
 
@@ -275,15 +275,15 @@ def staggered(c, params, args):
         reqs = [E.Request(x, keys[i // B][i % B], int(budgets[i])) for i, x in enumerate(p)]
         return [o.tokens for o in E.generate_requests(eng, reqs)]
 
-    print(f"\n[staggered] {args.stream} requests, budgets uniform in [8, {args.new}] ({useful} tokens), "
-          f"batches / slots of {B}")
+    progress.say(f"\n[staggered] {args.stream} requests, budgets uniform in [8, {args.new}] ({useful} tokens), "
+                 f"batches / slots of {B}")
     o_med, o_ts, o_out = timed(old, mk, args.warmup, args.reps)
     e_med, e_ts, e_out = timed(new, mk, args.warmup, args.reps)
-    print(f"  {'generate in lockstep batches (make run rl.sampler)':70s}: {useful / o_med:8.0f} tokens/s  "
-          f"({fmt(o_ts)})")
-    print(f"  {'engine (continuous batching)':70s}: {useful / e_med:8.0f} tokens/s  ({fmt(e_ts)})")
+    progress.say(f"  {'generate in lockstep batches (make run rl.sampler)':70s}: {useful / o_med:8.0f} tokens/s  "
+                 f"({fmt(o_ts)})")
+    progress.say(f"  {'engine (continuous batching)':70s}: {useful / e_med:8.0f} tokens/s  ({fmt(e_ts)})")
     same = all(np.array_equal(a, b) for a, b in zip(o_out, e_out))
-    print(f"  engine / lockstep: {o_med / e_med:.2f}x   (samples identical: {same})")
+    progress.say(f"  engine / lockstep: {o_med / e_med:.2f}x   (samples identical: {same})")
 
 
 def multi_turn(c, params, args):
@@ -332,18 +332,18 @@ def multi_turn(c, params, args):
         engines.append((f"engine, {args.replicas} replicas", R.make_engine(c, params=params, stop_tokens=(),
                                                                             replicas=args.replicas)))
 
-    print(f"\n[multi-turn] {n} episodes (groups of {G} share a prompt of 64-128 tokens), "
-          f"{T} turns of {args.new} tokens + {args.obs}-token observations, "
-          f"a rewrite to prompt + {SUMMARY_LEN}-token summary, one more turn")
+    progress.say(f"\n[multi-turn] {n} episodes (groups of {G} share a prompt of 64-128 tokens), "
+                 f"{T} turns of {args.new} tokens + {args.obs}-token observations, "
+                 f"a rewrite to prompt + {SUMMARY_LEN}-token summary, one more turn")
     o_med, o_ts, o_pre = timed(old, episodes, args.warmup, args.reps)
     gen = n * (T + 1) * args.new
-    print(f"  {'lockstep generate (make run rl.sampler)':40s}: wall {o_med:6.2f} s  prefill {o_pre:7d} tokens  "
-          f"generated {gen}  ({fmt(o_ts)})")
+    progress.say(f"  {'lockstep generate (make run rl.sampler)':40s}: wall {o_med:6.2f} s  prefill {o_pre:7d} tokens  "
+                 f"generated {gen}  ({fmt(o_ts)})")
     for name, eng in engines:
         e_med, e_ts, e_pre = timed(new(eng), episodes, args.warmup, args.reps)
-        print(f"  {name:40s}: wall {e_med:6.2f} s  prefill {e_pre:7d} tokens  generated {gen}  ({fmt(e_ts)})")
-        print(f"  {name} / lockstep: wall {o_med / e_med:.2f}x lower, "
-              f"prefill {o_pre / max(e_pre, 1):.2f}x fewer tokens")
+        progress.say(f"  {name:40s}: wall {e_med:6.2f} s  prefill {e_pre:7d} tokens  generated {gen}  ({fmt(e_ts)})")
+        progress.say(f"  {name} / lockstep: wall {o_med / e_med:.2f}x lower, "
+                     f"prefill {o_pre / max(e_pre, 1):.2f}x fewer tokens")
 
 
 def agent(c0, params, args):
@@ -367,9 +367,9 @@ def agent(c0, params, args):
     tasks = fam.tasks("train", n)
     boxes = [open_sandbox(args.backend, c.exp.sandbox_image) if args.backend == "docker" else open_sandbox("local")
              for _ in range(n)]
-    print(f"\n[agent] {n} key-recall episodes ({args.backend} sandboxes, "
-          f"untrained weights: {args.agent_turns} malformed turns each unless the context fills), "
-          f"{c.agent.num_tool_workers} tool workers")
+    progress.say(f"\n[agent] {n} key-recall episodes ({args.backend} sandboxes, "
+                 f"untrained weights: {args.agent_turns} malformed turns each unless the context fills), "
+                 f"{c.agent.num_tool_workers} tool workers")
     try:
         for strategy in args.strategies:
             a = ml_collections.ConfigDict(c.agent.to_dict())
@@ -405,11 +405,11 @@ def agent(c0, params, args):
                 gen = sum(t.num_generated_tokens for t in trajs)
                 turns = sum(t.stats["turns"] + t.stats["summaries"] for t in trajs)
                 rows.append((dt, pre() - p0))
-                print(f"  {strategy:17s} {name:24s}: wall {dt:6.2f} s  prefill {pre() - p0:7d} tokens  generated "
-                      f"{gen:6d}  turns {turns}")
+                progress.say(f"  {strategy:17s} {name:24s}: wall {dt:6.2f} s  prefill {pre() - p0:7d} tokens  "
+                             f"generated {gen:6d}  turns {turns}")
             (od, op), (nd, np_) = rows
-            print(f"  {strategy:17s} engine / lockstep: wall {od / nd:.2f}x lower, "
-                  f"prefill {op / max(np_, 1):.2f}x fewer")
+            progress.say(f"  {strategy:17s} engine / lockstep: wall {od / nd:.2f}x lower, "
+                         f"prefill {op / max(np_, 1):.2f}x fewer")
     finally:
         for sb in boxes:
             sb.close()
@@ -440,12 +440,13 @@ def main(argv=None):
         ap.error("sizes, --reps and --warmup must be >= 1 (the warm-up absorbs compilation)")
     if args.replicas < 1 or args.batch % args.replicas:
         ap.error("--replicas must be >= 1 and divide --batch (each replica gets batch / replicas slots)")
+    provenance.announce(config=vars(args))
     if args.replicas > 1 and {"raw", "multi_turn"} & set(args.only):
         jax.config.update("jax_num_cpu_devices", args.replicas)     # before JAX's CPU backend starts
     c = config()
     params = numpy_init(ml_collections.FrozenConfigDict(c.model), 0)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPU cores")
-    for name in args.only:
+    for name in progress.progress(args.only, desc="workloads", unit="workload"):
         {"raw": raw, "staggered": staggered, "multi_turn": multi_turn, "agent": agent}[name](c, params, args)
 
 

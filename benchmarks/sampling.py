@@ -23,6 +23,7 @@ from train_step import small_config  # same directory: the benchmark model (sets
 
 from horizon.inference import sampler  # noqa: E402
 from horizon.model import hf, transformer  # noqa: E402
+from horizon.utils import progress, provenance  # noqa: E402
 from horizon.utils.timing import timed  # noqa: E402
 
 
@@ -74,6 +75,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.reps < 1 or args.warmup < 1 or min(args.batch, args.prompt, args.new) < 1:
         ap.error("--reps, --warmup, --batch, --prompt and --new must be >= 1 (warmup absorbs compilation)")
+    provenance.announce(config=vars(args), seeds=args.seed)
     cfg = small_config(args.layers)
     m = cfg.model
     params = transformer.init(jax.random.PRNGKey(args.seed), m)
@@ -90,11 +92,11 @@ def main(argv=None):
                                 sampling=sc)
 
     outs = {}
-    for sync in args.sync_tokens:
+    for sync in progress.progress(args.sync_tokens, desc="horizon generate", unit="sync setting"):
         outs[sync], jt = timed(lambda s=sync: run_horizon(s), args.warmup, args.reps)
         j_med = statistics.median(jt)
-        print(f"horizon generate (sync every {sync:3d} tokens): median {j_med * 1e3:8.1f} ms -> "
-              f"{ntok / j_med:8.1f} tokens/s (calls {['%.0f' % (x * 1e3) for x in jt]} ms)")
+        progress.say(f"horizon generate (sync every {sync:3d} tokens): median {j_med * 1e3:8.1f} ms -> "
+                     f"{ntok / j_med:8.1f} tokens/s (calls {['%.0f' % (x * 1e3) for x in jt]} ms)")
     out = outs[args.sync_tokens[-1]]
     same = all(np.array_equal(np.stack(o.tokens), np.stack(out.tokens)) for o in outs.values())
     print(f"tokens identical across sync_tokens values: {same}")

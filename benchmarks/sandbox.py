@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from horizon.sandbox import open_sandbox
+from horizon.utils import progress, provenance
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -21,7 +22,7 @@ def _pct(xs: list[float], q: float) -> float:
 def bench_lifecycle(backend: str, image: str | None, n: int) -> dict[str, list[float]]:
     """Per-phase seconds for n sequential create -> exec('echo') -> close cycles."""
     phases: dict[str, list[float]] = {"create": [], "exec": [], "close": [], "total": []}
-    for _ in range(n):
+    for _ in progress.progress(range(n), desc=f"[{backend}] create+exec+destroy", unit="cycle"):
         t0 = time.perf_counter()
         sb = open_sandbox(backend, image)
         t1 = time.perf_counter()
@@ -62,6 +63,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16, help="sandboxes running at once")
     ap.add_argument("--execs", type=int, default=10, help="execs per concurrent sandbox")
     args = ap.parse_args()
+    provenance.announce(config=vars(args))
     open_sandbox(args.backend, args.image).close()   # warm-up (client pool, page cache)
     phases = bench_lifecycle(args.backend, args.image, args.n)
     print(f"[{args.backend}] create+exec+destroy over n={args.n}:")

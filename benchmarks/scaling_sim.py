@@ -30,6 +30,8 @@ import pathlib
 
 import numpy as np
 
+from horizon.utils import progress, provenance
+
 
 def measured(run: pathlib.Path) -> dict:
     ev = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
@@ -98,6 +100,7 @@ def main():
     ap.add_argument("--tail-sigma", type=float, default=0.0,
                     help="multiply each batch time by lognormal noise (mean 1, this sigma): longer-tailed tasks")
     a = ap.parse_args()
+    provenance.announce(config=vars(a), seeds=a.seed)
     m = measured(pathlib.Path(a.run))
     b = m["batch_s"]
     print(f"measured ({a.run}): batch time mean {b.mean():.1f}s p50 {np.median(b):.1f}s p90 "
@@ -106,13 +109,13 @@ def main():
     print("| rollout nodes | trainer hosts | max_staleness | trainer step s | steps/h | trainer busy | "
           "rollout busy | staleness (fraction of batches) |")
     print("|---|---|---|---|---|---|---|---|")
-    for W in map(int, a.nodes.split(",")):
+    cases = [(W, s) for W in map(int, a.nodes.split(",")) for s in map(int, a.staleness.split(","))]
+    for W, s in progress.progress(cases, desc="simulations", unit="run"):
         work = m["train_per_group_s"] * W * m["groups_per_batch"]
         H = max(1, math.ceil(work / max(1e-9, a.trainer_load * b.mean() - m["publish_s"])))
-        for s in map(int, a.staleness.split(",")):
-            r = simulate(W, s, m, H, a.steps, a.seed, a.tail_sigma)
-            print(f"| {W} | {H} | {s} | {r['step_s']:.1f} | {r['steps_per_hour']:.0f} | {r['trainer_busy']:.2f} | "
-                  f"{r['rollout_busy']:.2f} | {r['staleness']} |")
+        r = simulate(W, s, m, H, a.steps, a.seed, a.tail_sigma)
+        progress.say(f"| {W} | {H} | {s} | {r['step_s']:.1f} | {r['steps_per_hour']:.0f} | {r['trainer_busy']:.2f} | "
+                     f"{r['rollout_busy']:.2f} | {r['staleness']} |")
 
 
 if __name__ == "__main__":

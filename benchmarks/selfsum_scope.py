@@ -21,7 +21,7 @@ from horizon.agent.summarize import SUMMARIZING
 from horizon.model import transformer
 from horizon.rl.runtime import loop
 from horizon.studies import selfsum as ss
-from horizon.utils import cli
+from horizon.utils import cli, progress, provenance
 from horizon.utils.seeds import run_keys
 
 
@@ -41,8 +41,8 @@ def scope_seed(c, family, tok, log) -> dict:
         ans = " ".join(f"{x}={chk.get(f'{x}_final_key_acc', float('nan')):.2f}" for x in c.exp.strategies)
         slots = " ".join(f"{k.removeprefix('self_summary_summary_key_acc_')}={v:.2f}" for k, v in chk.items()
                          if k.startswith("self_summary_summary_key_acc_m"))
-        print(f"seed {c.seed} probe {len(history)}: key in summary {mem} | answer {ans}"
-              + (f" | self-summary slots {slots}" if slots else ""), flush=True)
+        progress.say(f"seed {c.seed} probe {len(history)}: key in summary {mem} | answer {ans}"
+                     + (f" | self-summary slots {slots}" if slots else ""))
         return chk
 
     t0 = time.time()
@@ -59,8 +59,9 @@ def scope_seed(c, family, tok, log) -> dict:
 def main(argv=None):
     c = cli.load(argv, default="configs/selfsum_tiny.py", validate=ss.validate_config, derive=ss.apply_quick,
                  doc=__doc__, prog="benchmarks/selfsum_scope.py")
+    provenance.announce(config=c, seeds=c.exp.seeds)
     res = {}
-    for seed in c.exp.seeds:
+    for seed in progress.progress(c.exp.seeds, desc="scoping seeds", unit="seed"):
         cs = copy.deepcopy(c)
         cs.seed = int(seed)
         cs.exp.out_dir = f"{c.exp.out_dir}/scope/seed{seed}"

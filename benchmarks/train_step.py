@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from horizon.model import hf, params  # noqa: E402
 from horizon.quant import grouped  # noqa: E402
 from horizon.train import lm, optim  # noqa: E402
-from horizon.utils import timing  # noqa: E402
+from horizon.utils import progress, provenance, timing  # noqa: E402
 from horizon.utils.config import load_config_file  # noqa: E402
 
 
@@ -113,7 +113,7 @@ def bench_horizon(cfg, tokens: np.ndarray, args):
     step = lm.jit_train_step(cfg)
     params0 = state.params
     times, losses, first = [], [], 0.0
-    for i in range(args.warmup + args.steps):
+    for i in progress.progress(range(args.warmup + args.steps), desc="horizon train steps", unit="step"):
         t0 = time.perf_counter()
         state, metrics = step(state, batch)
         jax.block_until_ready(state.params)
@@ -139,7 +139,7 @@ def bench_hf(cfg, params0, tokens: np.ndarray, args):
     sched = optim.lr_schedule(t)  # horizon's warmup/cosine schedule, so both runs take the same steps
     ids = torch.from_numpy(tokens).long()
     times, losses = [], []
-    for i in range(args.warmup + args.steps):
+    for i in progress.progress(range(args.warmup + args.steps), desc="HF train steps", unit="step"):
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = float(sched(i))
@@ -175,6 +175,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         ap.error("--steps and --warmup must be >= 1 (warmup absorbs compilation)")
+    provenance.announce(config=vars(args), seeds=args.seed)
 
     cfg = make_config(args)
     m = cfg.model

@@ -30,7 +30,7 @@ import numpy as np
 
 from horizon.rl.runtime import storage
 from horizon.rl.runtime import weight_sync as ws
-from horizon.utils import timing
+from horizon.utils import progress, provenance, timing
 from horizon.utils.config import load_config_file
 from horizon.utils.files import UrlDir
 
@@ -152,12 +152,12 @@ def train_versions(run: pathlib.Path, config: str, steps: int, tmp: str) -> dict
     state, ckpt, _ = core.resume_rl_state(async_setup.initial_params(cfg), cfg, f"{tmp}/ckpt")
     dirs = {d: f"{tmp}/trained_{d}" for d in ws.DTYPES}
     pubs = {d: ws.WeightPublisher(p, dtype=d, full_every=steps + 1, num_threads=1) for d, p in dirs.items()}
-    for step in range(steps + 1):
+    for step in progress.progress(range(steps + 1), desc="train and publish versions", unit="version"):
         for p in pubs.values():
             p.publish(state.params, step)
         if step < steps:
             state, m, _ = core.train_groups(state, [store.get(s) for s in range(step * N, (step + 1) * N)], cfg)
-            print(f"trained step {step + 1}: loss {m['loss']:.4f} grad_norm {m['grad_norm']:.3f}")
+            progress.say(f"trained step {step + 1}: loss {m['loss']:.4f} grad_norm {m['grad_norm']:.3f}")
     ckpt.close()
     return dirs
 
@@ -174,21 +174,21 @@ def codecs(d: str | pathlib.Path, levels: dict[str, list[int]], repeat: int) -> 
           f"{raw / MIB:.2f} MiB raw {flats[0][next(iter(flats[0]))].dtype} each):")
     print("| codec | level | delta / raw | compress ms | decompress ms |")
     print("|---|---|---|---|---|")
-    for codec, lv in levels.items():
-        for level in lv:
-            comp, decomp = ws.compressor(codec, level)
-            sizes, tc, td = [], [], []
-            for a, b in pairs:
-                shards = [(ws.bits(b[k]), ws.bits(a[k])) for k in b]
-                t, blobs = timed(lambda comp=comp, shards=shards: [ws.encode_shard(n, o, comp) for n, o in shards],
-                                 repeat)
-                tc.append(t)
-                sizes.append(sum(map(len, blobs)))
-                t, _ = timed(lambda decomp=decomp, blobs=blobs, shards=shards: [
-                    ws.decode_shard(x, o, n.size, n.dtype, decomp) for x, (n, o) in zip(blobs, shards)], repeat)
-                td.append(t)
-            print(f"| {codec} | {level} | {np.mean(sizes) / raw:.4f} | {1e3 * np.mean(tc):.2f} | "
-                  f"{1e3 * np.mean(td):.2f} |")
+    settings = [(codec, level) for codec, lv in levels.items() for level in lv]
+    for codec, level in progress.progress(settings, desc="codec settings", unit="setting"):
+        comp, decomp = ws.compressor(codec, level)
+        sizes, tc, td = [], [], []
+        for a, b in pairs:
+            shards = [(ws.bits(b[k]), ws.bits(a[k])) for k in b]
+            t, blobs = timed(lambda comp=comp, shards=shards: [ws.encode_shard(n, o, comp) for n, o in shards],
+                             repeat)
+            tc.append(t)
+            sizes.append(sum(map(len, blobs)))
+            t, _ = timed(lambda decomp=decomp, blobs=blobs, shards=shards: [
+                ws.decode_shard(x, o, n.size, n.dtype, decomp) for x, (n, o) in zip(blobs, shards)], repeat)
+            td.append(t)
+        progress.say(f"| {codec} | {level} | {np.mean(sizes) / raw:.4f} | {1e3 * np.mean(tc):.2f} | "
+                     f"{1e3 * np.mean(td):.2f} |")
 
 
 def main():
@@ -199,6 +199,7 @@ def main():
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
+    provenance.announce(config=vars(a))
     run = pathlib.Path(a.run)
     if not (run / "groups").is_dir() or not (run / "weights").is_dir():
         raise SystemExit(f"{run}: no groups/ and weights/ (run experiments/rl_async.py first)")

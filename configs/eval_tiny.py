@@ -14,6 +14,7 @@ hand-written envs/tasks set instead. Override the list with e.g.
 import ml_collections
 
 from horizon.utils.config import sibling_config
+from horizon.utils.tracking import tracking_fields
 
 
 def eval_section(exp: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -57,4 +58,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict(dict(sampler=rl.rl.sampler))   # the RL run's sampler: the rollout engine's
     #                                                 sizes (rl.sampler.engine_*); temperature / top_p come from `eval`
     c.eval = eval_section(rl.exp)
+    c.exp = ml_collections.ConfigDict(tracking_fields())   # eval tables in TensorBoard / W&B (horizon.utils.tracking)
     return c

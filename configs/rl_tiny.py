@@ -13,6 +13,7 @@ so overriding either sets both).
 import ml_collections
 
 from horizon.utils.config import sibling_config
+from horizon.utils.tracking import tracking_fields
 
 
 def rl_config() -> ml_collections.ConfigDict:
@@ -229,4 +230,7 @@ def experiment_config() -> ml_collections.ConfigDict:
     ))
     # --- held-out eval: unseen seeds, `passes` independent sampled passes (std over passes = eval noise)
     e.eval = ml_collections.ConfigDict(dict(n_tasks=96, passes=4, every=0, temperature=1.0))
+    # --- tracking (horizon.utils.tracking): TensorBoard event files in out_dir (`tensorboard --logdir runs`),
+    #     a rollout transcript every text_every RL steps, W&B when wandb.project is set (offline by default)
+    e.update(tracking_fields())
     return e

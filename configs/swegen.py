@@ -8,7 +8,8 @@ of envs/repos/manifest.toml, built by envs/build_repo_images.py (`horizon.taskge
 
 Writes `out_dir`/train.jsonl and heldout.jsonl (SWE-bench JSONL with image tags; the held-out
 repositories are the manifest's `heldout` list unless `heldout` is set here) and report.json
-(per repository: candidates, cached, kept, rejected by reason, kinds tried / kept, timings).
+(per repository: candidates, cached, kept, rejected by reason, kinds tried / kept, timings; and the
+run's provenance: commit, config hash, seed, start, wall time, load average).
 Verdicts are cached per candidate content hash under `build_root`, so a second run is incremental.
 """
 

@@ -6,6 +6,8 @@ Field names follow DeepSeek-V3's Hugging Face config where one exists (see
 
 import ml_collections
 
+from horizon.utils.tracking import tracking_fields
+
 
 def model_config() -> ml_collections.ConfigDict:
     m = ml_collections.ConfigDict()
@@ -86,6 +88,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.max_checkpoints = 2
     c.train.output_dir = "runs/pretrain_tiny"
     c.train.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache ("" = off); speeds restarts
+
+    # Tracking (horizon.utils.tracking): TensorBoard event files in train.output_dir, W&B if exp.wandb.project
+    c.exp = ml_collections.ConfigDict(tracking_fields())
 
     # Parallelism (docs/SPEC.md §2; horizon.parallel.mesh): mesh axis sizes, or a preset that overrides them.
     c.mesh = ml_collections.ConfigDict()

@@ -9,7 +9,9 @@ suite twice in it (flaky tests excluded; baseline.json, skipped when current). W
 coverage.json), validate seeded mutation candidates in Docker with `gen.workers` containers
 (`horizon.taskgen.generate`; verdicts cached per candidate content hash, so a rebuild is incremental),
 build an image per kept instance (`horizon-swegen:<id>`), and write `out_dir`/train.jsonl and
-heldout.jsonl (split by repository) and report.json. Never pulls. Wall time is printed.
+heldout.jsonl (split by repository) and report.json (with the run's `provenance`: commit, config
+hash, seed, start, wall time, load). Never pulls. Progress bars with ETA run over the repositories
+and, per repository, over the candidates validated and the instance images built; wall time is printed.
 
     python envs/build_repo_images.py                                            # images + baselines only
     python envs/build_repo_images.py --config.repos='("parse","six")' --config.gen.n_candidates=40
@@ -29,6 +31,8 @@ from horizon.tasks import swebench
 from horizon.tasks.task import TaskError
 from horizon.utils import cli
 from horizon.utils.config import ConfigError, need_int
+from horizon.utils.progress import progress, say
+from horizon.utils.provenance import Provenance
 
 MANIFEST_HELDOUT = "__manifest__"
 
@@ -65,6 +69,7 @@ def heldout_names(c) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     c = cli.load(argv, default="configs/swegen.py", validate=validate, doc=__doc__, prog="envs/build_repo_images.py")
+    prov = Provenance.start(c, seeds=c.gen.seed)
     opts = gen_options(c)
     root = opts.root
     specs = repos.select(repos.load_manifest(c.manifest or None), list(c.repos))
@@ -72,24 +77,24 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     splits: dict[str, list] = {"train": [], "heldout": []}
     reports = []
-    for i, spec in enumerate(specs, 1):
+    for i, spec in enumerate(progress(specs, desc="repositories", unit="repo"), 1):
         t1 = time.monotonic()
         what, labels = repos.build_repo_image(spec, root=root, base_image=c.base_image, force=bool(c.force))
         base = repos.screen_suite(spec, labels, root=root, runs=int(c.baseline_runs), force=bool(c.force))
-        print(f"[build_repo_images {i}/{len(specs)}] {spec.image}: {what}; {len(base['stable'])} stable tests, "
-              f"{len(base['flaky'])} flaky, suite {base['suite_s']}s ({time.monotonic() - t1:.1f}s)", flush=True)
+        say(f"[build_repo_images {i}/{len(specs)}] {spec.image}: {what}; {len(base['stable'])} stable tests, "
+            f"{len(base['flaky'])} flaky, suite {base['suite_s']}s ({time.monotonic() - t1:.1f}s)")
         if opts.n_candidates or opts.n_features:
             split = "heldout" if spec.name in heldout else "train"
             got, rep = generate.generate_repo(spec, base, opts, split=split)
             splits[split] += got
             reports.append(rep)
-            print(f"[generate {spec.name}] {json.dumps(rep)}", flush=True)
+            say(f"[generate {spec.name}] {json.dumps(rep)}")
     if opts.n_candidates or opts.n_features:
         out = pathlib.Path(c.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         for name, insts in splits.items():
             swebench.write_jsonl(insts, out / f"{name}.jsonl")
-        report = generate.set_report(reports, splits, seconds=time.monotonic() - t0)
+        report = dict(generate.set_report(reports, splits, seconds=time.monotonic() - t0), provenance=prov.fields())
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         print(generate.report_table(report), flush=True)
         print(f"[build_repo_images] {report['instances']} instances from {report['repositories_with_instances']} "

@@ -5,7 +5,8 @@ Each image is the base plus the task's files/ copied into /workspace (owned by u
 labelled with the task id, a content hash of its files and the base image id
 (`horizon.tasks.env.task_image_labels`). Idempotent: a task whose image already carries
 matching labels is skipped. Never pulls (the base image is local; build it first with
-envs/build_base_image.sh). Recall tasks are generated on the fly and have no image.
+envs/build_base_image.sh). Recall tasks are generated on the fly and have no image. A progress
+bar with ETA (`horizon.utils.progress`) runs over the images, one line per image above it.
 
     python envs/build_task_images.py                 # every task under envs/tasks
     python envs/build_task_images.py fix_leap_year   # just these ids
@@ -27,6 +28,7 @@ from horizon.sandbox.base import DEFAULT_BASE_IMAGE
 from horizon.tasks.env import task_dockerfile, task_image_labels, task_image_state
 from horizon.tasks.loader import default_root, load_tasks
 from horizon.tasks.task import Task
+from horizon.utils.progress import progress, say
 
 
 def build_task_image(client: docker.DockerClient, task: Task, base_image: str = DEFAULT_BASE_IMAGE,
@@ -78,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         tasks = [t for t in tasks if t.id in set(args.ids)]
     t0 = time.monotonic()
     counts = {"built": 0, "skipped": 0}
-    for i, task in enumerate(tasks, 1):
+    for i, task in enumerate(progress(tasks, desc="task images", unit="image"), 1):
         t1 = time.monotonic()
         what = build_task_image(client, task, args.base_image, force=args.force)
         counts[what] += 1
-        print(f"[build_task_images {i}/{len(tasks)}] {task.image}: {what} ({time.monotonic() - t1:.1f}s)", flush=True)
+        say(f"[build_task_images {i}/{len(tasks)}] {task.image}: {what} ({time.monotonic() - t1:.1f}s)")
     print(f"[build_task_images] done: {counts['built']} built, {counts['skipped']} up to date "
           f"in {time.monotonic() - t0:.1f}s", flush=True)
     return 0

@@ -5,12 +5,11 @@
     python experiments/eval.py --config=configs/eval_tiny.py --config.eval.num_passes=8 --config.eval.backend=local
     python experiments/eval.py --config=configs/eval_swegen.py --config.eval.task_path=runs/swegen/heldout.jsonl
 
-Compares every entry of `c.eval.checkpoints` ("NAME=DIR"; an empty DIR = untrained init) on the
-same tasks and passes ("NAME=@gold" / "NAME=@empty": the gold-patch and empty policies of a SWE-bench
-task set, `eval.setup.patch_policy`); the tables report success per repository too (SWE-bench tasks;
-other tasks by kind). Writes to `c.eval.output_dir`:
-records.jsonl (one line per episode), per_task.jsonl, summary.jsonl (one line per policy),
-results.md (the tables) and best_of_k.png (pass@K vs K per policy, mean accuracy dashed).
+Compares every entry of `c.eval.checkpoints` ("NAME=DIR"; an empty DIR = untrained init) on the same tasks and
+passes ("NAME=@gold" / "NAME=@empty": the gold-patch and empty policies of a SWE-bench task set,
+`eval.setup.patch_policy`); the tables report success per repository too (SWE-bench tasks; other tasks by kind).
+Writes to `c.eval.output_dir`: records.jsonl (one line per episode), per_task.jsonl, summary.jsonl (one line per
+policy, with provenance), results.md (the tables), best_of_k.png (pass@K vs K, mean dashed), TensorBoard events.
 """
 
 from __future__ import annotations
@@ -48,7 +47,9 @@ from horizon.model import hf
 from horizon.model.params import count_params
 from horizon.utils import cli
 from horizon.utils.config import dump_config
+from horizon.utils.provenance import Provenance
 from horizon.utils.seeds import run_keys
+from horizon.utils.tracking import MetricsWriter
 
 OVERALL_COLS = ("accuracy", "best_of_*", "completion_tokens", "tool_calls", "turns", "summaries", "latency_s",
                 "flops", "malformed_call_rate", "eager_edit_rate", "todo_completion_rate")
@@ -79,7 +80,7 @@ def best_of_k_plot(overall: list[dict], path: pathlib.Path) -> None:
 
 def main(argv=None):
     c = load_config(argv)
-    e = c.eval
+    e, prov = c.eval, Provenance.start(c)
     out = pathlib.Path(e.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(c, out / "config.json")
@@ -120,13 +121,14 @@ def main(argv=None):
         per_task += rows
         overall.append(o)
     per_repo = repo_rows(per_task, {t.id: task_repo(t) for t in tasks})
-    write_jsonl(out / "records.jsonl", records)
-    write_jsonl(out / "per_task.jsonl", per_task)
-    write_jsonl(out / "summary.jsonl", overall)
-    write_jsonl(out / "per_repo.jsonl", per_repo)
+    jsonl = dict(records=records, per_task=per_task, summary=[prov.stamp(o) for o in overall], per_repo=per_repo)
+    [write_jsonl(out / f"{k}.jsonl", v) for k, v in jsonl.items()]
     n = int(e.num_passes)
     cols = ["policy"] + [c2 for col in OVERALL_COLS for c2 in
                          ([f"best_of_{k}" for k in range(1, n + 1)] if col == "best_of_*" else [col])]
+    with MetricsWriter(out, c) as log:      # TensorBoard / W&B: each policy its own run, and the overall table
+        [log(dict(o, phase="eval", run=o["policy"])) for o in overall]
+        log.table("eval/overall", [{k: o.get(k) for k in cols} for o in overall], 0)
     task_cols = ["policy", "task_id", "accuracy"] + [f"best_of_{k}" for k in range(1, n + 1)] + [
         "completion_tokens", "tool_calls", "turns", "summaries", "latency_s", "flops"]
     md = (f"# Eval: {len(tasks)} tasks ({e.task_source}/{e.task_split}) x {n} passes\n\n"

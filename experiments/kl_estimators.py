@@ -6,7 +6,8 @@ With Z = log r ~ N(-Δμ²/2, Δμ²) the analytic moments are
   k1: mean Δμ²/2, std Δμ;
   k2: mean Δμ²/2 + Δμ⁴/8 (biased), std sqrt((2Δμ⁴ + Δμ⁶)/4);
   k3: mean Δμ²/2, std sqrt(exp(Δμ²) - 1 - Δμ²)  (explodes as the gap grows).
-Writes kl_estimators.{png,md,jsonl} to `output_dir` (configs/figures.py, section `kl`).
+Writes kl_estimators.{png,md,jsonl} to `output_dir` (configs/figures.py, section `kl`); each jsonl
+row carries the run's provenance (`horizon.utils.provenance`).
 
     python experiments/kl_estimators.py --config=configs/figures.py --config.kl.num_samples=100000
 """
@@ -25,6 +26,8 @@ import numpy as np
 from horizon.rl.algo.losses import KL_ESTIMATORS, kl_estimate
 from horizon.utils import cli
 from horizon.utils.config import need, need_int
+from horizon.utils.progress import progress
+from horizon.utils.provenance import Provenance
 
 
 def analytic(gap: float) -> dict[str, tuple[float, float]]:
@@ -40,7 +43,7 @@ def analytic(gap: float) -> dict[str, tuple[float, float]]:
 def measure(gaps: list[float], n: int, seed: int) -> list[dict]:
     rows = []
     key = jax.random.PRNGKey(seed)
-    for i, gap in enumerate(gaps):
+    for i, gap in enumerate(progress(gaps, desc="KL estimators", unit="gap")):
         x = jax.random.normal(jax.random.fold_in(key, i), (n,), jnp.float64 if jax.config.x64_enabled else jnp.float32)
         logq = -0.5 * x ** 2
         logp = -0.5 * (x - gap) ** 2  # normalisers cancel in r = p/q
@@ -108,12 +111,13 @@ def validate(c) -> None:
 def main(argv=None) -> None:
     c = cli.load(argv, default="configs/figures.py", validate=validate, doc=__doc__,
                  prog="experiments/kl_estimators.py")
+    prov = Provenance.start(c)
     out = pathlib.Path(c.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = measure([float(g) for g in c.kl.gaps], int(c.kl.num_samples), int(c.seed))
     with open(out / "kl_estimators.jsonl", "w") as f:
         for r in rows:
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(prov.stamp(r)) + "\n")
     print(write_table(rows, out / "kl_estimators.md"))
     plot(rows, out / "kl_estimators.png")
     for r in rows:

@@ -3,8 +3,9 @@
     python experiments/pretrain.py --config=configs/tiny.py --config.train.steps=50 --config.train.output_dir=runs/x
 
 Logs train loss every `log_every` and held-out loss every `eval_every` (and at step 0) to
-`<train.output_dir>/metrics.jsonl`, checkpoints every `checkpoint_every`, resumes from the newest
-checkpoint in that dir (also across meshes), and ends with a loss-curve PNG and a summary. The step
+`<train.output_dir>/metrics.jsonl` and TensorBoard events there (W&B with exp.wandb.project), checkpoints every
+`checkpoint_every`, resumes from the newest checkpoint in that dir (also across meshes), and ends with a loss-curve
+PNG and a summary (with provenance). The step
 runs on the mesh of `mesh` (docs/SPEC.md §2; default one device, `--config.mesh.preset=ep4xcp2` etc. on 8
 devices): params, optimizer state and batches placed by the logical-axis rules, the one
 `lm.train_step` partitioned (`horizon.parallel.sharded`). Bad config values stop with one line and
@@ -26,12 +27,10 @@ from horizon.parallel import sharded
 from horizon.train import checkpoint, lm
 from horizon.utils import cli
 from horizon.utils.config import dump_config
+from horizon.utils.progress import progress, say
+from horizon.utils.provenance import Provenance
 from horizon.utils.seeds import run_keys
-
-
-def log_record(path: pathlib.Path, rec: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(rec) + "\n")
+from horizon.utils.tracking import MetricsWriter
 
 
 def read_records(path: pathlib.Path, max_step: int | None = None) -> list[dict]:
@@ -56,6 +55,7 @@ def main(argv=None):
     cfg = cli.load(argv, default="configs/tiny.py", validate=lm.validate_train_config, doc=__doc__,
                    prog="experiments/pretrain.py")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save/restore at INFO
+    prov = Provenance.start(cfg)
     tc = cfg.train
     if tc.get("compilation_cache_dir"):
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(tc.compilation_cache_dir).resolve()))
@@ -82,13 +82,14 @@ def main(argv=None):
         print(f"resumed from {ckpt.directory}/{start} (data position {start})")
     elif metrics_path.exists():
         metrics_path.unlink()
+    log = MetricsWriter(workdir, cfg, purge_step=start or None)    # metrics.jsonl + TensorBoard (+ W&B)
     print(f"workdir {workdir}; mesh {dict(mesh.shape)}; data {pipeline.corpus_stats(cfg)}")
     eval_set = pipeline.eval_batches(cfg)
     batches = pipeline.make_batches(cfg, "train", start_step=start)
 
     def run_eval(step):
         rec = {"step": step, **lm.evaluate(eval_fn, state.params, eval_set)}
-        log_record(metrics_path, rec)
+        log(rec)
         return rec["eval_loss"]
 
     first = next(batches)
@@ -99,6 +100,7 @@ def main(argv=None):
     last_eval = run_eval(0) if start == 0 else float("nan")
     t_start, t_first, tokens = time.time(), None, 0.0  # tokens/s measured after the first (compiling) step
     step = start
+    bar = progress(total=tc.steps, initial=start, desc="pretrain", unit="step")
     while step < tc.steps:
         state, m = train_fn(state, next(batches))
         step += 1
@@ -111,11 +113,14 @@ def main(argv=None):
             last_eval = run_eval(step)
         if step % tc.log_every == 0 or step == tc.steps:
             tps = tokens / max(time.time() - t_first, 1e-9)
-            log_record(metrics_path, {"step": step, **m, "tokens_per_s": tps})
-            print(f"step {step:5d} | loss {m['loss']:.4f} | eval {last_eval:.4f} | lr {m['lr']:.2e} "
-                  f"| gnorm {m['grad_norm']:.3f} | {tps:,.0f} tok/s", flush=True)
+            log({"step": step, **m, "tokens_per_s": tps})
+            say(f"step {step:5d} | loss {m['loss']:.4f} | eval {last_eval:.4f} | lr {m['lr']:.2e} "
+                f"| gnorm {m['grad_norm']:.3f} | {tps:,.0f} tok/s")
+            bar.set_postfix(loss=m["loss"])
+        bar.update(1)
         if ckpt.should_save(step) or step == tc.steps:
             ckpt.save(step, state, {"data_step": step, "seed": cfg.seed}, force=True)
+    bar.close()
     ckpt.close()
 
     recs = read_records(metrics_path)
@@ -127,8 +132,9 @@ def main(argv=None):
     summary = {"init_eval_loss": evals[0]["eval_loss"], "final_eval_loss": evals[-1]["eval_loss"],
                "eval_drop_pct": 100.0 * (1 - evals[-1]["eval_loss"] / evals[0]["eval_loss"]),
                "train_tokens_per_s": tps, "wall_s_this_process": wall, "steps": tc.steps,
-               "mesh": dict(mesh.shape), "collectives": coll}
+               "mesh": dict(mesh.shape), "collectives": coll, "provenance": prov.fields()}
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    log.close(final=summary)
     print(f"\ninit eval loss {summary['init_eval_loss']:.4f} -> final {summary['final_eval_loss']:.4f} "
           f"({summary['eval_drop_pct']:.1f}% drop) | {tps:,.0f} train tok/s | {wall:.0f}s\n"
           f"files: {workdir}/{{metrics.jsonl, loss_curve.png, summary.json, config.json, checkpoints/}}")

@@ -5,7 +5,8 @@
 For each entry of `cfg.quant.runs` (name, moe_precision, quant_division, quant_approx_rcp_bits) it
 trains `cfg.train.steps` steps with `horizon.train.lm.train_step` on the DATA pipeline (same seed,
 same batches), logs the train loss every step and the held-out loss every `eval_every`, and writes
-`<workdir>/loss_curves.png`, `<workdir>/results.md` (final-loss table) and `<workdir>/results.json`.
+`<workdir>/loss_curves.png`, `<workdir>/results.md` (final-loss table) and `<workdir>/results.json`
+(one entry per run, each with its provenance: commit, config hash, seed, start, wall time, load).
 
 The recipe is selected purely by config: `horizon.model.moe.expert_matmul` routes non-bf16
 precisions to `horizon.quant.qmoe.quantized_ragged_dot` with `model.quant_division`.
@@ -25,6 +26,8 @@ from horizon.parallel.mesh import require_one_device
 from horizon.train import lm
 from horizon.utils import cli
 from horizon.utils.config import ConfigError
+from horizon.utils.progress import progress, say
+from horizon.utils.provenance import Provenance
 from horizon.utils.seeds import run_keys
 
 
@@ -38,28 +41,31 @@ def validate(c) -> None:
             raise ConfigError(f"quant.runs entry {run!r}: must be (name, moe_precision in {known}, "
                               "'ieee'|'approx', rcp bits)")
 
+
 def run_one(cfg, name, precision, division, bits, eval_set):
     c = cfg.copy_and_resolve_references()
     c.model.moe_precision = precision
     c.model.quant_division = division
     c.model.quant_approx_rcp_bits = bits
+    prov = Provenance.start(c)
     train_fn, eval_fn = lm.jit_train_step(c), lm.jit_eval_step(c)
     state = lm.init_state(jax.random.key_data(run_keys(c.seed)["init"]), c)
     batches = pipeline.make_batches(c, "train", start_step=0)
     losses, evals, t0 = [], [], time.time()
     evals.append((0, lm.evaluate(eval_fn, state.params, eval_set)["eval_loss"]))
-    for step in range(1, c.train.steps + 1):
-        state, m = train_fn(state, next(batches))
-        losses.append(float(m["loss"]))
-        if not np.isfinite(losses[-1]):
-            print(f"  {name}: non-finite loss at step {step}; stopping this run")
-            break
-        if step % c.train.eval_every == 0 or step == c.train.steps:
-            evals.append((step, lm.evaluate(eval_fn, state.params, eval_set)["eval_loss"]))
+    with progress(range(1, c.train.steps + 1), desc=f"quant {name}", unit="step", leave=False) as bar:
+        for step in bar:
+            state, m = train_fn(state, next(batches))
+            losses.append(float(m["loss"]))
+            if not np.isfinite(losses[-1]):
+                say(f"  {name}: non-finite loss at step {step}; stopping this run")
+                break
+            if step % c.train.eval_every == 0 or step == c.train.steps:
+                evals.append((step, lm.evaluate(eval_fn, state.params, eval_set)["eval_loss"]))
     wall = time.time() - t0
-    print(f"{name:28s} final train {np.mean(losses[-10:]):.4f} | eval {evals[-1][1]:.4f} | {wall:.0f}s", flush=True)
+    say(f"{name:28s} final train {np.mean(losses[-10:]):.4f} | eval {evals[-1][1]:.4f} | {wall:.0f}s")
     return {"name": name, "precision": precision, "division": division, "approx_bits": bits,
-            "train_loss": losses, "evals": evals, "wall_s": wall}
+            "train_loss": losses, "evals": evals, "wall_s": wall, "provenance": prov.fields()}
 
 
 def plot(results, out: pathlib.Path, smooth: int) -> None:
@@ -102,7 +108,7 @@ def main(argv=None):
     workdir.mkdir(parents=True, exist_ok=True)
     eval_set = pipeline.eval_batches(cfg)
     print(f"workdir {workdir}; {cfg.train.steps} steps x {cfg.data.batch_size}x{cfg.data.seq_len} tokens")
-    results = [run_one(cfg, *spec, eval_set) for spec in cfg.quant.runs]
+    results = [run_one(cfg, *spec, eval_set) for spec in progress(cfg.quant.runs, desc="quant ablation", unit="run")]
     plot(results, workdir / "loss_curves.png", cfg.quant.smooth)
     md = table(results)
     (workdir / "results.md").write_text(f"# Quant ablation ({cfg.train.steps} steps, tiny MoE)\n\n{md}")

@@ -37,6 +37,7 @@ import numpy as np
 from horizon.eval.report import plot_jsonl, reward_at, smooth, time_to_reach, write_jsonl
 from horizon.rl.runtime import checks, loop, orchestrator, processes
 from horizon.utils import cli
+from horizon.utils.provenance import Provenance
 
 
 def load_config(argv=None):
@@ -52,6 +53,7 @@ def hist_text(h: dict) -> str:
 
 def main(argv=None):
     c = load_config(argv)
+    prov = Provenance.start(c)
     w = int(c.async_.smooth)
     if str(c.async_.env) == "experiment" and str(c.async_.init_from):
         loop.ensure_sft_checkpoint(c, c.async_.init_from)
@@ -111,6 +113,7 @@ def main(argv=None):
             print(f"[{name}] reaches it at {'never' if t is None else f'{t:.1f}s'}; smoothed reward at the sync "
                   f"loop's wall time ({sr['wall_s']:.1f}s): {at if at is None else round(at, 3)}")
         results["target_reward"] = target
+    results["provenance"] = prov.fields()
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     curves = [dict(loop=n, wall_s=t, reward=r, reward_smoothed=float(rs)) for n, res in results.items()
               if isinstance(res, dict) and res.get("times")

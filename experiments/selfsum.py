@@ -25,7 +25,8 @@ its bootstrap CI, paired differences to self-summary per seed, compaction-caused
 summary, generated tokens per solved task, prefill tokens, summaries per episode.
 
 Outputs in `exp.out_dir`: config.json, seed<k>/{metrics.jsonl, sft*, <strategy>/ckpt}, selfsum.md,
-selfsum.png, summary.json (rows, copy checks per seed, wall times).
+selfsum.png, summary.json (rows, copy checks per seed, wall times, provenance); TensorBoard events per seed and
+strategy under seed<k>/ (`tensorboard --logdir <out_dir>`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from horizon.rl.runtime import loop, workers
 from horizon.rl.runtime import memory as rlmemory
 from horizon.studies import selfsum as ss
 from horizon.utils import cli
+from horizon.utils.provenance import Provenance
 from horizon.utils.seeds import run_keys
 
 
@@ -97,7 +99,7 @@ def run_seed(c) -> dict:
 
 def main(argv=None):
     c = load_config(argv)
-    t_start = time.time()
+    prov, t_start = Provenance.start(c, seeds=c.exp.seeds), time.time()
     rlmemory.preflight(c, prog="experiments/selfsum.py")     # the RL step must fit before hours of SFT
     per_seed = {}
     for seed in c.exp.seeds:
@@ -108,13 +110,15 @@ def main(argv=None):
     out, _, log, _ = loop.start_run(c)
     log.close()
     rows = ss.study_rows({k: v["results"] for k, v in per_seed.items()}, c.exp.report)
+    stamp = prov.fields()
+    rows = {s: dict(r, provenance=stamp) for s, r in rows.items()}     # each study row carries its provenance
     wall = time.time() - t_start
     md = ss.table(rows, float(c.exp.report.ci_level))
     md += (f"\n{len(c.exp.seeds)} seed(s) x {c.exp.eval.n_tasks} held-out tasks x {c.exp.eval.passes} passes; "
            f"wall time {wall:.0f} s{' (exp.quick)' if c.exp.get('quick') else ''}\n")
     (out / "selfsum.md").write_text(md)
     (out / "summary.json").write_text(json.dumps(dict(
-        rows=rows, wall_s=wall, quick=bool(c.exp.get("quick")),
+        rows=rows, wall_s=wall, quick=bool(c.exp.get("quick")), provenance=stamp,
         seeds={k: dict(copy_check=v["copy_check"], sft_s=v["sft_s"], rl_s=v["rl_s"]) for k, v in per_seed.items()}),
         indent=2))
     ss.plot(rows, out / "selfsum.png")

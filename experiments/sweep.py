@@ -9,11 +9,17 @@ to every run first), OUT_FIELD ["train.output_dir"]: the config field holding th
 directory, EXTRA_ARGS [()], PLOT [("step", "loss")], NAME [file stem]. Every run's command is
 `SCRIPT --config=CONFIG --config.a.b=v ... --config.OUT_FIELD=<run dir>` (the one dialect,
 `horizon.utils.cli`), parsed here first by the same parser, so a bad override fails before any
-run starts. Runs are sequential subprocesses; each gets `<out>/<run name>/` with
-`sweep_run.json` (overrides, seed, git commit, command, exit code, wall time), `config.json`
-(the resolved config as the sweep sees it) and whatever the script writes there. Across runs:
-`<out>/summary.jsonl`, `<out>/summary.md` (overrides + exit code + the run's summary.json values
-+ last metrics.jsonl record) and `<out>/curves.png` (PLOT's y vs x for every run).
+run starts. Runs are sequential subprocesses (a progress bar over them); each gets
+`<out>/<run name>/` with `sweep_run.json` (overrides, seed, git commit, command, exit code, wall
+time, provenance), `config.json` (the resolved config as the sweep sees it) and whatever the
+script writes there. Across runs: `<out>/summary.jsonl` (one row per run, with its provenance),
+`<out>/summary.md` (overrides + exit code + the run's summary.json values + last metrics.jsonl
+record) and `<out>/curves.png` (PLOT's y vs x for every run).
+
+Each member is its own tracked run: it logs TensorBoard event files in its run dir, so
+`tensorboard --logdir <out>` compares the members side by side; with `exp.wandb.project` set (a
+BASE_OVERRIDES entry, say) each member is a W&B run named after its run dir and grouped by the
+sweep's NAME (`exp.wandb.group` / `exp.wandb.name`, added unless the sweep sets them).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import pathlib
 import sys
 
 from horizon.eval.report import markdown_table
-from horizon.eval.sweep import run_sweep
+from horizon.eval.sweep import run_sweep, table_rows
 from horizon.utils import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -40,7 +46,7 @@ def main(argv=None):
         rows = run_sweep(a.sweep, a.out, root=REPO, dry_run=a.dry_run, timeout_s=a.timeout_s)
     except (cli.ConfigError, FileNotFoundError, TypeError, ValueError, AttributeError) as e:
         cli.fail(str(e), "experiments/sweep.py")
-    print("\n" + markdown_table(rows))
+    print("\n" + markdown_table(table_rows(rows)))
     failed = [r["run"] for r in rows if r["returncode"] not in (0, None)]
     return 1 if failed else 0
 

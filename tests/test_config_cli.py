@@ -165,6 +165,8 @@ def _containers():
      r"rl\.slots_per_batch=3: must divide rl\.prompts_per_step=2"),
     ("pretrain", ["--config.train.warmup_steps=300"], r"train\.warmup_steps=300: must be < train\.steps=300"),
     ("pretrain", ["--config.mesh.preset=tp8"], r"mesh\.preset='tp8': must be '' or one of"),
+    ("pretrain", ["--config.exp.wandb.mode=sometimes"], r"exp\.wandb\.mode='sometimes': must be 'offline'"),
+    ("rl", ["--config.exp.text_every=-1"], r"exp\.text_every=-1: must be >= 0"),
     ("rl", ["--config.exp.pool_size=4"], r"exp\.pool_size=4: must hold one generation's rollouts"),
     ("rl", ["--config.mesh.data=3"], r"mesh=.*needs a power-of-two data\*fsdp\*expert \(got 3\)"),
     ("rl", ["--config.mesh.preset=dp8", "--config.rl.batch.min_rows=4"],

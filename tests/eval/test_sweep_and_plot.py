@@ -55,12 +55,88 @@ def test_sweep_runs_three_configs_and_writes_summary(tmp_path):
     assert len(lines) == 3 and lines[1]["train.lr"] == 0.2
     md = (out / "summary.md").read_text()
     assert md.count("\n|") >= 4 and "final_loss" in md        # header + rule + 3 rows
+    assert all(line["provenance"]["config_hash"] and line["provenance"]["git_commit"] for line in lines)
+    assert "provenance" not in md                              # nested field: in the JSON files, not the table
     for r in rows:
         info = json.loads((out / r["run"] / "sweep_run.json").read_text())
         assert info["git_commit"] == sweep.git_commit(REPO) and info["git_commit"]
+        assert info["provenance"]["git_commit"] == info["git_commit"] and info["provenance"]["wall_s"] >= 0
         cfg = json.loads((out / r["run"] / "config.json").read_text())
         assert cfg["train"]["lr"] == r["train.lr"] and cfg["train"]["steps"] == 3
     assert (out / "curves.png").stat().st_size > 1000
+
+
+WANDB_CONFIG = '''
+import ml_collections
+def get_config():
+    c = ml_collections.ConfigDict(); c.seed = 0; c.out = ""
+    c.exp = ml_collections.ConfigDict(dict(wandb=ml_collections.ConfigDict(dict(project="", group="", name=""))))
+    return c
+'''
+
+
+def test_sweep_names_and_groups_wandb_runs(tmp_path):
+    """A member whose config has exp.wandb gets group = the sweep's NAME and name = its run name,
+    unless the sweep sets them; a config without exp gets neither (the test above)."""
+    from horizon.eval import sweep
+    (tmp_path / "wb_cfg.py").write_text(WANDB_CONFIG)
+    (tmp_path / "sw.py").write_text(f"CONFIG = {str(tmp_path / 'wb_cfg.py')!r}\nOUT_FIELD = 'out'\n"
+                                    "NAME = 'wbsweep'\ndef get_sweep():\n"
+                                    "    return [{'seed': 1}, {'seed': 2, 'exp.wandb.name': 'mine'}]\n")
+    rows = sweep.run_sweep(tmp_path / "sw.py", tmp_path / "o", root=REPO, dry_run=True)
+    got = []
+    for r in rows:
+        info = json.loads((tmp_path / "o" / r["run"] / "sweep_run.json").read_text())
+        cfg = json.loads((tmp_path / "o" / r["run"] / "config.json").read_text())
+        assert sum(a.startswith("--config.exp.wandb.name=") for a in info["command"]) == 1
+        assert "provenance" in r and r["provenance"]["seeds"] == [r["seed"]]
+        got.append((cfg["exp"]["wandb"]["group"], cfg["exp"]["wandb"]["name"]))
+    assert got == [("wbsweep", rows[0]["run"]), ("wbsweep", "mine")]
+
+
+TRACKED_SCRIPT = '''
+import pathlib, sys
+sys.path.insert(0, {src!r})
+from horizon.utils import cli
+from horizon.utils.tracking import MetricsWriter
+c = cli.load(sys.argv[1:], default="", validate=lambda c: None)
+with MetricsWriter(pathlib.Path(c.out), c) as log:
+    for s in range(1, 4):
+        log({{"phase": "train", "step": s, "loss": c.train.lr * s}})
+'''
+
+TRACKED_CONFIG = '''
+import ml_collections
+from horizon.utils.tracking import tracking_fields
+def get_config():
+    c = ml_collections.ConfigDict(); c.seed = 0; c.out = ""
+    c.train = ml_collections.ConfigDict(dict(lr=0.1))
+    c.exp = ml_collections.ConfigDict(tracking_fields())
+    return c
+'''
+
+
+def test_a_sweep_of_two_members_writes_two_tensorboard_and_wandb_runs(tmp_path, wandb_runs, tensorboard_equals_jsonl):
+    """Each member logs through the library's MetricsWriter to its own run dir: `tensorboard --logdir
+    <out>` lists two runs, and with exp.wandb.project set two offline W&B runs named after the members,
+    grouped by the sweep."""
+    from horizon.eval import sweep
+    from horizon.utils.tracking import read_scalars
+    (tmp_path / "tracked.py").write_text(TRACKED_SCRIPT.format(src=str(REPO / "src")))
+    (tmp_path / "tracked_cfg.py").write_text(TRACKED_CONFIG)
+    (tmp_path / "sw.py").write_text(
+        f"SCRIPT = {str(tmp_path / 'tracked.py')!r}\nCONFIG = {str(tmp_path / 'tracked_cfg.py')!r}\n"
+        "OUT_FIELD = 'out'\nNAME = 'two'\nBASE_OVERRIDES = {'exp.wandb.project': 'horizon-test'}\n"
+        "def get_sweep():\n    return [{'train.lr': 0.1}, {'train.lr': 0.2}]\n")
+    rows = sweep.run_sweep(tmp_path / "sw.py", tmp_path / "out", root=REPO)
+    assert [r["returncode"] for r in rows] == [0, 0]
+    for r, lr in zip(rows, (0.1, 0.2)):
+        run_dir = tmp_path / "out" / r["run"]
+        assert tensorboard_equals_jsonl(run_dir) == 3
+        assert [v for _, v in read_scalars(run_dir)["train/loss"]] == pytest.approx([lr, 2 * lr, 3 * lr])
+        (name, group, hist), = wandb_runs(run_dir)
+        assert (name, group) == (r["run"], "two")
+        assert [h["train/loss"] for h in hist if "train/loss" in h] == pytest.approx([lr, 2 * lr, 3 * lr])
 
 
 def test_sweep_rejects_unknown_override_and_git_unknown(tmp_path):

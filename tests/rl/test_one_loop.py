@@ -3,6 +3,7 @@ at `max_staleness = 0` are shells over the same three pieces (`horizon.rl.runtim
 same config, seed and XLA flags, and float32 weight publishing, they train on identical groups and
 reach identical params."""
 
+import json
 import pathlib
 
 import numpy as np
@@ -40,8 +41,9 @@ def _assert_same_groups(a: storage.GroupRecord, b: storage.GroupRecord) -> None:
                 np.testing.assert_array_equal(getattr(sa, f), getattr(sb, f), err_msg=f"slot {a.slot} {f}")
 
 
-def _run_both(tmp_path, steps):
+def _run_both(tmp_path, steps, **wandb):
     c = _cfg(steps)
+    c.exp.wandb.update(wandb)
     processes.run_child(c, processes.sync_main, c, str(tmp_path / "sync"))
     res = orchestrator.Orchestrator(c, tmp_path / "async", num_steps=steps).run()
     return c, res
@@ -67,11 +69,29 @@ def _check(c, tmp_path, steps):
                                                                              jax.tree.leaves(ps)))
 
 
-def test_sync_loop_equals_async_runtime_at_staleness_0(tmp_path):
+def test_sync_loop_equals_async_runtime_at_staleness_0(tmp_path, wandb_runs, tensorboard_equals_jsonl):
     steps = 3
-    c, res = _run_both(tmp_path, steps)
+    c, res = _run_both(tmp_path, steps, project="horizon-test")      # W&B offline: a local run directory
     assert res["trainer_restarts"] == 0
     _check(c, tmp_path, steps)
+    # both loops' logs reach TensorBoard and W&B (horizon.utils.tracking) exactly as in their JSONL
+    assert tensorboard_equals_jsonl(tmp_path / "sync") > 0
+    assert tensorboard_equals_jsonl(tmp_path / "async", "trainer.jsonl", keep=lambda r: r["event"] == "step") > 0
+    for run, phase, jsonl in (("sync", "rl", "metrics.jsonl"), ("async", "trainer", "trainer.jsonl")):
+        (name, _, rows), = wandb_runs(tmp_path / run)
+        assert name == run
+        want = [r["reward_mean"] for r in map(json.loads, (tmp_path / run / jsonl).read_text().splitlines())
+                if r.get("phase") == phase]
+        assert [r[f"{phase}/reward_mean"] for r in rows if f"{phase}/reward_mean" in r] == want and len(want) == steps
+        hist = [r for r in rows if f"{phase}/staleness/_type" in r]
+        assert len(hist) == steps                                        # a token-staleness histogram per step
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "sync"))
+    acc.Reload()
+    assert {"rl/rewards", "rl/advantages", "rl/staleness"} <= set(acc.Tags()["histograms"])
+    text = [t for t in acc.Tags()["tensors"] if t.startswith("rl/transcript")]
+    assert text and "prompt " in acc.Tensors(text[0])[0].tensor_proto.string_val[0].decode()   # step 1's rollout
 
 
 def test_prompt_schedule_feeds_stats_before_the_steps_that_need_them():

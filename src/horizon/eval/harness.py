@@ -47,6 +47,7 @@ from horizon.inference.sampler import ParamsHolder
 from horizon.model import hf, transformer
 from horizon.tasks import open_task_sandbox, verify
 from horizon.train.checkpoint import restore_params
+from horizon.utils.progress import progress
 from horizon.utils.seeds import run_keys
 
 
@@ -245,6 +246,7 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
     max_steps = episode_step_limit(cfg)
     records: list[dict] = []
     pool = ThreadPoolExecutor(max(1, min(setup.max_parallel, 16)))
+    bar = progress(total=len(jobs), desc=f"eval {policy_name}", unit="episode", leave=False)
     try:
         lo = 0
         while lo < len(jobs):          # `jobs` grows when an episode is retried after an infra failure
@@ -292,11 +294,15 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
                 rec["flops"] = inference_flops(setup.active_params, processed)
                 rec["eager_edit"] = None if rec["edited_files"] is None else bool(rec["edited_files"])
                 records.append(rec)
+            bar.total = len(jobs)                # retried episodes join the end of the queue
+            bar.set_postfix(solved=f"{sum(r['solved'] for r in records)}/{len(records)}")
+            bar.update(len(records) - bar.n)
             if log:
                 done = len(records)
                 log(f"[{policy_name}] {done}/{len(jobs)} episodes, solved so far "
                     f"{sum(r['solved'] for r in records)}/{done} ({time.perf_counter() - t:.1f}s this batch)")
     finally:
+        bar.close()
         pool.shutdown()
     return records
 

@@ -2,6 +2,9 @@
 
 The machinery behind experiments/sweep.py (its docstring describes sweep files and outputs).
 Paths in a sweep file (SCRIPT, CONFIG) are relative to `root`, the repository the sweep runs in.
+Each member is its own tracked run: a member whose config has an ``exp.wandb`` block gets
+``exp.wandb.group=<sweep NAME>`` and ``exp.wandb.name=<run name>`` (unless the sweep sets them),
+and every `summary.jsonl` row and `sweep_run.json` carries the member's `provenance`.
 """
 
 from __future__ import annotations
@@ -18,18 +21,16 @@ import time
 from horizon.eval.report import markdown_table, read_jsonl, write_jsonl
 from horizon.utils import cli
 from horizon.utils.config import dump_config
+from horizon.utils.progress import progress, say
+from horizon.utils.provenance import Provenance, git_state
 
 DEFAULTS = dict(SCRIPT="experiments/pretrain.py", CONFIG="configs/tiny.py", BASE_OVERRIDES={},
                 OUT_FIELD="train.output_dir", EXTRA_ARGS=(), PLOT=("step", "loss"), NAME=None)
 
 
 def git_commit(cwd: str | pathlib.Path) -> str:
-    """`git rev-parse HEAD`, or "unknown" outside a git repo / without git."""
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+    """`git rev-parse HEAD`, or "unknown" outside a git repo / without git (`provenance.git_state`)."""
+    return git_state(cwd)[0]
 
 
 def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
@@ -112,6 +113,20 @@ def plot_curves(rows: list[dict], out_dir: pathlib.Path, x: str, y: str) -> path
     return path
 
 
+def tracking_overrides(cfg, merged: dict, sweep_name: str, run: str) -> dict:
+    """``exp.wandb.group`` = the sweep's name and ``exp.wandb.name`` = the member's run name, for a
+    config with an ``exp.wandb`` block (horizon.utils.tracking), each unless `merged` sets it already."""
+    if cfg.get("exp") is None or "wandb" not in cfg.exp:
+        return {}
+    want = {"exp.wandb.group": sweep_name, "exp.wandb.name": run}
+    return {k: v for k, v in want.items() if k not in merged}
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """`rows` without their nested ``provenance`` field (for the Markdown tables)."""
+    return [{k: v for k, v in r.items() if k != "provenance"} for r in rows]
+
+
 def run_sweep(sweep_path: str | pathlib.Path, out: str | pathlib.Path | None = None, *, root: str | pathlib.Path,
               dry_run: bool = False, timeout_s: float | None = None, env: dict | None = None) -> list[dict]:
     """Run every override of the sweep file; returns the summary rows (also written to disk)."""
@@ -123,10 +138,15 @@ def run_sweep(sweep_path: str | pathlib.Path, out: str | pathlib.Path | None = N
     for i, ov in enumerate(runs):       # every run's arguments parsed before the first run starts
         merged = {**settings["BASE_OVERRIDES"], **ov}
         name = run_name(i, ov)
-        plan.append((i, ov, merged, name, cli.parse(config_args(settings, merged, out_dir / name, root), default="")))
+        cfg = cli.parse(config_args(settings, merged, out_dir / name, root), default="")
+        extra = tracking_overrides(cfg, merged, settings["NAME"], name)
+        if extra:
+            merged = {**merged, **extra}
+            cfg = cli.parse(config_args(settings, merged, out_dir / name, root), default="")
+        plan.append((i, ov, merged, name, cfg))
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, ov, merged, name, cfg in plan:
+    for i, ov, merged, name, cfg in progress(plan, desc=f"sweep {settings['NAME']}", unit="run"):
         run_dir = out_dir / name
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.json")
@@ -134,29 +154,31 @@ def run_sweep(sweep_path: str | pathlib.Path, out: str | pathlib.Path | None = N
         info = dict(run=name, overrides=ov, base_overrides=settings["BASE_OVERRIDES"],
                     seed=int(cfg.get("seed", -1)), git_commit=commit, script=settings["SCRIPT"],
                     config=settings["CONFIG"], command=cmd)
+        prov = Provenance.start(cfg)
         t0 = time.time()
         if dry_run:
             rc = None
         else:
-            print(f"[sweep {i + 1}/{len(runs)}] {' '.join(cmd)}", flush=True)
+            say(f"[sweep {i + 1}/{len(runs)}] {' '.join(cmd)}")
             with (run_dir / "stdout.log").open("w") as log:
                 try:
                     rc = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
                                         env={**os.environ, **(env or {})}).returncode
                 except subprocess.TimeoutExpired:
                     rc = "timeout"
-        info.update(returncode=rc, wall_s=time.time() - t0)
+        info.update(returncode=rc, wall_s=time.time() - t0, provenance=prov.fields())
         (run_dir / "sweep_run.json").write_text(json.dumps(info, indent=2, default=str))
         row = dict(run=name)
         row.update(ov)
         row.update(seed=info["seed"], returncode=rc, wall_s=info["wall_s"], git_commit=commit[:12])
         row.update(run_summary(run_dir))
+        row["provenance"] = info["provenance"]
         rows.append(row)
         if rc not in (0, None):
-            print(f"[sweep] run {name} failed ({rc}); see {run_dir / 'stdout.log'}", flush=True)
+            say(f"[sweep] run {name} failed ({rc}); see {run_dir / 'stdout.log'}")
     write_jsonl(out_dir / "summary.jsonl", rows)
     (out_dir / "summary.md").write_text(f"# Sweep {settings['NAME']} ({settings['SCRIPT']} {settings['CONFIG']}, "
-                                        f"commit {commit})\n\n" + markdown_table(rows))
+                                        f"commit {commit})\n\n" + markdown_table(table_rows(rows)))
     if not dry_run and settings["PLOT"]:
         plot_curves(rows, out_dir, *settings["PLOT"])
     return rows

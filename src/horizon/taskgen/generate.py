@@ -45,6 +45,7 @@ from horizon.sandbox.base import DEFAULT_BASE_IMAGE
 from horizon.taskgen import candidates, coverage, instances, mutate, repos, validation
 from horizon.tasks import swebench
 from horizon.utils.config import need_int
+from horizon.utils.progress import progress, say
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +76,10 @@ class GenOptions:
 
 
 def generate_repo(spec: repos.RepoSpec, baseline: dict, options: GenOptions, *, split: str | None = None,
-                  client=None, log=print) -> tuple[list[swebench.SweInstance], dict]:
+                  client=None, log=say) -> tuple[list[swebench.SweInstance], dict]:
     """(instances, report) for one repository (module docstring); `split` is written on every
-    instance; `client`: a docker client for the image builds (default: from the environment)."""
+    instance; `client`: a docker client for the image builds (default: from the environment).
+    Validation and the instance images each run under a progress bar; `log` lines print above it."""
     o, t0 = options, time.monotonic()
     repo_src = repos.prepare_repo(spec, o.root)
     files, _ = swebench.repo_tree(repo_src, "HEAD")
@@ -132,8 +134,10 @@ def build_instances(spec: repos.RepoSpec, kept: list[tuple], repo_src, o: GenOpt
             with tempfile.TemporaryDirectory() as tmp:
                 tag, commit, what = None, instances.bug_commit(repo_src, m, pathlib.Path(tmp) / "repo"), "none"
         return instances.make_instance(spec, m, v, key, commit, tag, split), what == "built"
+    desc = f"{'instance images' if o.build_images else 'instances'} {spec.name}"
     with ThreadPoolExecutor(max(1, int(o.workers))) as ex:
-        built = list(ex.map(build, kept))
+        results = ex.map(build, kept)
+        built = list(progress(results, total=len(kept), desc=desc, unit="instance", leave=False) if kept else results)
     return [i for i, _ in built], sum(b for _, b in built)
 
 

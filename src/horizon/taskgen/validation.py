@@ -17,6 +17,7 @@ from horizon.sandbox.base import WORKSPACE
 from horizon.sandbox.factory import open_sandbox
 from horizon.taskgen import coverage, mutate, repos, verdicts
 from horizon.tasks.task import TaskError
+from horizon.utils.progress import progress
 
 MIN_TIMEOUT_S = 20.0
 RESTORE = "git checkout -q -- . && git clean -fdq"
@@ -62,10 +63,14 @@ def validate_one(sandbox, spec, baseline, m: mutate.Mutation, tests=None) -> ver
 def validate_many(spec, baseline, jobs, *, workers: int = 1, log=None,
                   t0: float | None = None) -> list[verdicts.Verdict]:
     """Verdicts of `jobs` [(mutation, tests)] in order, validated by a pool of `workers` threads,
-    each with its own container of the repository image (opened on its first job)."""
+    each with its own container of the repository image (opened on its first job); a progress bar
+    (``validate <name>``, candidates) runs over them."""
+    if not jobs:
+        return []
     local, boxes, lock = threading.local(), [], threading.Lock()
     done = [0]
     t0 = time.monotonic() if t0 is None else t0
+    bar = progress(total=len(jobs), desc=f"validate {spec.name}", unit="candidate", leave=False)
 
     def run(job):
         m, tests = job
@@ -78,6 +83,7 @@ def validate_many(spec, baseline, jobs, *, workers: int = 1, log=None,
         v = validate_one(sb, spec, baseline, m, tests)
         with lock:
             done[0] += 1
+            bar.update(1)
             if log and done[0] % 25 == 0:
                 log(f"[generate {spec.name}] validated {done[0]}/{len(jobs)} ({time.monotonic() - t0:.0f}s)")
         return v
@@ -85,6 +91,7 @@ def validate_many(spec, baseline, jobs, *, workers: int = 1, log=None,
         with ThreadPoolExecutor(max(1, min(int(workers), len(jobs) or 1))) as ex:
             return list(ex.map(run, jobs))
     finally:
+        bar.close()
         for sb in boxes:
             sb.close()
 

@@ -25,6 +25,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from horizon.utils.config import ConfigError, load_config_file
+from horizon.utils.tracking import TrackingConfig
 
 USAGE = "usage: {prog} --config=FILE [--config.a.b=VALUE ...]"
 
@@ -131,6 +132,7 @@ def load(argv: list[str] | None, *, default: str, validate: Callable[[ml_collect
         if derive is not None:
             derive(c)
         validate(c)
+        TrackingConfig.from_config(c).validate()       # exp.tensorboard / text_every / wandb (every driver)
     except ConfigError as e:
         fail(str(e), prog)
     return c

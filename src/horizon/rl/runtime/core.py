@@ -273,3 +273,26 @@ def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
     state, m = trainer.train_step(state, b, cfg=cfg)
     infra = {f"infra/{k}": float(sum(getattr(g, "infra", {}).get(k, 0) for g in groups)) for k in INFRA_KEYS}
     return state, dict({k: float(v) for k, v in jax.device_get(m).items()}, **pack, **infra), b
+
+
+def step_histograms(groups: Sequence[storage.GroupRecord], version: int) -> dict[str, np.ndarray]:
+    """A step's RL histograms (`horizon.utils.tracking`): per-episode rewards and advantages, and
+    per trained token the staleness `version - the weights version that sampled it` (all 0 in the
+    synchronous loop; the async runtime's lag otherwise)."""
+    stale = [version - np.asarray(s.policy_versions)[np.asarray(s.loss_mask, bool)]
+             for g in groups for t in g.trajectories for s in t.segments]
+    return dict(rewards=np.asarray([r for g in groups for r in g.rewards], np.float64),
+                advantages=np.asarray([a for g in groups for a in g.advantages], np.float64),
+                staleness=np.concatenate(stale).astype(np.float64) if stale else np.zeros(0))
+
+
+def transcript(group: storage.GroupRecord, tok, index: int = 0) -> str:
+    """Rollout `index` of `group` as text: each context segment decoded whole (prompt, tool calls and
+    results, and the summary that opens the next segment), under a header with its reward and end."""
+    t = group.trajectories[index]
+    head = (f"prompt {group.prompt_id}, rollout {index} of {len(group.trajectories)}: reward "
+            f"{group.rewards[index]:.3f}, advantage {group.advantages[index]:+.3f}, end {t.end_reason}, "
+            f"{len(t.segments)} segment(s)")
+    body = "\n\n".join(f"--- segment {i} ({len(s.tokens)} tokens)\n{tok.decode([int(x) for x in s.tokens])}"
+                       for i, s in enumerate(t.segments))
+    return f"{head}\n\n{body}"

@@ -20,7 +20,6 @@ hyperparameter lives here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import time
 from collections.abc import Callable
@@ -45,21 +44,25 @@ from horizon.rl.runtime import core as runtime
 from horizon.train import lm
 from horizon.train.checkpoint import Checkpointer, restore_params
 from horizon.utils.config import dump_config
+from horizon.utils.progress import progress, say
 from horizon.utils.seeds import run_keys
+from horizon.utils.tracking import MetricsWriter
 
+# A run's record log: a `MetricsWriter` (JSONL, TensorBoard, W&B; it also takes the RL step's
+# histograms and transcripts) or any callable taking one record (tests pass `list.append`).
 Log = Callable[[dict], None]
 
 
 def start_run(c: ml_collections.ConfigDict):
     """The common start of a driver, after `horizon.utils.cli.load` has parsed and validated `c`:
-    the run dir `exp.out_dir` with config.json, the XLA compilation cache, tokenizer, metrics log,
-    task family. Returns (out_dir, tok, log, family)."""
+    the run dir `exp.out_dir` with config.json, the XLA compilation cache, tokenizer, metrics log
+    (`MetricsWriter`: metrics.jsonl, TensorBoard, W&B), task family. Returns (out_dir, tok, log, family)."""
     out_dir = pathlib.Path(c.exp.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(c, out_dir / "config.json")
     if c.exp.get("compilation_cache_dir"):
         jax.config.update("jax_compilation_cache_dir", str(c.exp.compilation_cache_dir))
-    return out_dir, tokenizer_from_config(c), JsonlLog(out_dir / "metrics.jsonl"), family_from_config(c.exp)
+    return out_dir, tokenizer_from_config(c), MetricsWriter(out_dir, c), family_from_config(c.exp)
 
 
 def evaluate(env, params, tasks, c, tok, key, version: int) -> dict:
@@ -156,6 +159,7 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, stage: SFTStage = S
     print(f"{name}: {len(rows)} demo rows packed into {packed.num_rows} rows of {s.seq_len} tokens "
           f"({packed.lengths.sum() / packed.tokens.size:.0%} full)", flush=True)
     t0 = time.time()
+    bar = progress(total=int(s.steps), desc=name, unit="step")
     for i in range(int(s.steps)):
         idx = rng.choice(packed.num_rows, B, replace=False)
         b = dict(tokens=packed.tokens[idx], segment_ids=packed.segment_ids[idx], positions=packed.positions[idx],
@@ -167,8 +171,11 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, stage: SFTStage = S
             rec = dict(phase=name, step=i + 1, loss=float(m["loss"]), wall_s=time.time() - t0)
             extra = probe(state.params) if probed else {}
             log(dict(rec, **extra))
-            print(f"{name} {i + 1}/{s.steps}: loss {rec['loss']:.4f} ({rec['wall_s']:.0f}s)"
-                  + "".join(f", {k} {v:.3f}" for k, v in extra.items()), flush=True)
+            say(f"{name} {i + 1}/{s.steps}: loss {rec['loss']:.4f} ({rec['wall_s']:.0f}s)"
+                + "".join(f", {k} {v:.3f}" for k, v in extra.items()))
+            bar.set_postfix(loss=rec["loss"])
+        bar.update(1)
+    bar.close()
     ck.save(int(s.steps), state, {"step": int(s.steps)}, force=True)
     ck.close()
     return state.params
@@ -270,7 +277,7 @@ def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
         pass
     print(f"no SFT checkpoint in {d}: running experiments/rl.py's SFT stage there", flush=True)
     d.parent.mkdir(parents=True, exist_ok=True)
-    log = JsonlLog(d.parent / "sft_metrics.jsonl")
+    log = MetricsWriter(d.parent, c, jsonl="sft_metrics.jsonl")
     config_edit_warm_start(c, family_from_config(c.exp), tokenizer_from_config(c), d.parent, log,
                            run_keys(c.seed)["init"], name=d.name)
     log.close()
@@ -310,6 +317,7 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
     if start == 0:
         do_eval(0)
     t_start = time.time()
+    bar = progress(total=steps, initial=start, desc=f"{tag}RL", unit="step")
     for step in range(start, steps):
         t0 = time.time()
         if sched.assign(step) is None:
@@ -322,11 +330,16 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         rec.update(_step_metrics(c, step, groups, b, run, rollout_s=t_roll, gen_s=t_gen,
                                  train_s=time.time() - t1, step_s=time.time() - t0))
         log(rec)
-        print(_step_line(rec, c, tag, step, steps, elapsed_s=time.time() - t_start), flush=True)
+        if isinstance(log, MetricsWriter):
+            _log_step_extras(log, groups, step, tok, run.get("run"))
+        say(_step_line(rec, c, tag, step, steps, elapsed_s=time.time() - t_start))
+        bar.set_postfix(reward=rec["reward_mean"])
+        bar.update(1)
         ck.save(step + 1, state, {"step": step + 1, "schedule": sched.state_dict()}, force=step + 1 == steps)
         every = int(c.exp.eval.every) if "eval" in c.exp else 0
         if step + 1 < steps and every > 0 and (step + 1) % every == 0:
             do_eval(step + 1)
+    bar.close()
     final = int(jax.device_get(state.step))
     if final not in evals:
         do_eval(final)
@@ -339,9 +352,12 @@ def _eval_and_log(evaluate, params, step: int, log: Log, run: dict, tag: str) ->
     t0 = time.time()
     e = dict(evaluate(params, step), phase="eval", step=step, eval_s=time.time() - t0, **run)
     log(e)
-    print(f"{tag}eval @ {step}: held-out {e['heldout_mean']:.3f} ± {e['heldout_std']:.3f} "
+    if isinstance(log, MetricsWriter) and e.get("heldout_passes"):
+        log.table("eval/passes", [dict(step=step, pass_index=i, success=x) for i, x in enumerate(e["heldout_passes"])],
+                  step, run=run.get("run"))
+    say(f"{tag}eval @ {step}: held-out {e['heldout_mean']:.3f} ± {e['heldout_std']:.3f} "
           f"(passes {[f'{x:.3f}' for x in e['heldout_passes']]}), best-of-{len(e['heldout_passes'])} "
-          f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s)", flush=True)
+          f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s)")
     return e
 
 
@@ -402,19 +418,9 @@ def gain_summary(evals: dict, records: list[dict]) -> dict:
                 train_best_of_k_last=rl_recs[-1]["best_of_k"] if rl_recs else None, steps=max(evals))
 
 
-class JsonlLog:
-    """Append-only JSONL metrics (one record per call, with wall time since start); keeps records."""
-
-    def __init__(self, path: pathlib.Path):
-        self.t0 = time.time()
-        self.records: list[dict] = []
-        self.f = open(path, "a")
-
-    def __call__(self, rec: dict) -> None:
-        rec = dict(rec, time_s=time.time() - self.t0)
-        self.records.append(rec)
-        self.f.write(json.dumps(rec) + "\n")
-        self.f.flush()
-
-    def close(self):
-        self.f.close()
+def _log_step_extras(log: MetricsWriter, groups, step: int, tok, run: str | None) -> None:
+    """RL step `step`'s histograms (rewards, advantages, token staleness) and, every
+    ``exp.text_every`` steps, one rollout transcript (`runtime.transcript`)."""
+    log.histograms(step + 1, runtime.step_histograms(groups, step), run=run)
+    if log.wants_text(step + 1) and groups:
+        log.text("rl/transcript", runtime.transcript(groups[0], tok), step + 1, run=run)

@@ -55,6 +55,7 @@ from horizon.rl.runtime.checks import validate_async
 from horizon.rl.runtime.pools import POOLS, WorkerPool
 from horizon.rl.runtime.ray_pool import RayPool
 from horizon.utils.files import url_dir
+from horizon.utils.progress import progress
 
 SLOT_STATES = ("requested", "generating", "scored", "grouped", "trained")
 OUTSTANDING = ("requested", "generating", "scored")      # a slot whose group is not written yet
@@ -180,11 +181,13 @@ class Orchestrator:
         self.pool.start_rollout_workers(self.cfg, str(self.run_dir), int(a.num_rollout_workers))
         step, j = 0, 0                 # the next generation batch to request: batch j of step `step`
         self.trainer_killed = False
+        bar = progress(total=self.num_steps, desc=f"async RL {self.run_dir.name}", unit="version")
         try:
             while True:
                 v = weight_sync.latest_version(weights)
                 if v is not None:
                     self._mark_trained(v)
+                    bar.update(max(0, v - bar.n))       # published weights versions = trainer steps done
                     if v >= self.num_steps:
                         break
                 self._supervise(v)
@@ -192,6 +195,7 @@ class Orchestrator:
                 for e in self.pool.events(float(a.poll_s)):
                     self._on_event(e)
         finally:
+            bar.close()
             self.pool.close()
         wall = time.time() - t_start
         return dict(wall_s=wall, trainer_restarts=self.trainer_restarts, worker_restarts=self.worker_restarts,

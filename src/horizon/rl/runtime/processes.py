@@ -28,8 +28,9 @@ from horizon.model.params import numpy_init
 from horizon.rl.runtime import core as runtime
 from horizon.rl.runtime import distributed, storage, weight_sync, workers
 from horizon.rl.runtime.async_setup import append_jsonl, child_env, data_root, initial_params, make_publisher, setup_jax
-from horizon.rl.runtime.loop import JsonlLog, run_rl
+from horizon.rl.runtime.loop import run_rl
 from horizon.rl.runtime.pools import docker_host_for
+from horizon.utils.tracking import MetricsWriter
 
 
 def token_staleness(groups_records, step: int) -> dict[int, int]:
@@ -58,6 +59,7 @@ def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] |
     data = data_root(cfg, run)
     store = storage.GroupStore(f"{data}/groups")
     log = run / "trainer.jsonl" if main else None
+    writer = MetricsWriter(run, cfg, jsonl="trainer.jsonl") if main else None     # its step records + histograms
     state, ckpt, meta = runtime.resume_rl_state(initial_params(cfg), cfg, run / "ckpt")
     start = 0 if meta is None else int(meta["step"])
     apub = None
@@ -84,18 +86,22 @@ def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] |
         if (step + 1) % int(a.publish_every) == 0 or step + 1 == num_steps:
             publish(state.params, step + 1)
         stats = list(apub.stats) if apub is not None else []
-        append_jsonl(log, _step_record(step, slots, recs, m, stats, wait_s=t_wait, train_s=t_train))
+        if writer is not None:
+            writer(_step_record(step, slots, recs, m, stats, wait_s=t_wait, train_s=t_train))
+            writer.histograms(step + 1, runtime.step_histograms(recs, step), phase="trainer")
     if apub is not None:
         apub.close()
     ckpt.close()
     distributed.barrier("trainer done", dist is not None)    # the last version is out before any exits
     append_jsonl(log, dict(event="done", pid=os.getpid(), step=num_steps, time=time.time()))
+    if writer is not None:
+        writer.close()
 
 
 def _step_record(step: int, slots, recs, m: dict, stats: list, *, wait_s: float, train_s: float) -> dict:
     """trainer.jsonl's record of step `step` (trained on `slots`' groups `recs`, metrics `m`;
     `stats`: the publisher's)."""
-    return dict(event="step", step=step + 1, slots=list(slots), pid=os.getpid(), time=time.time(),
+    return dict(event="step", phase="trainer", step=step + 1, slots=list(slots), pid=os.getpid(), time=time.time(),
                 wait_s=wait_s, train_s=train_s, reward_mean=m["reward_mean"],
                 staleness=token_staleness(recs, step), group_min_versions=[r.min_version for r in recs],
                 generated_tokens=int(sum(r.generated_tokens for r in recs)),
@@ -181,7 +187,7 @@ def sync_main(cfg, run_dir: str) -> None:
     run = pathlib.Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     env = workers.ENVS[runtime.env_name(cfg)](cfg)
-    log = JsonlLog(run / "metrics.jsonl")
+    log = MetricsWriter(run, cfg)
     try:
         run_rl(initial_params(cfg), env, cfg, tokenizer_from_config(cfg), run, log,
                store=storage.GroupStore(f"{data_root(cfg, run)}/groups"))

@@ -1,7 +1,7 @@
 """Provenance: what produced a number (docs/SPEC.md §7.2).
 
 Every `summary.json`, every row a study appends and every benchmark's printed record carries the
-same fields, so a figure in docs/PERF.md or docs/RESULTS.md can be traced back to its run:
+same fields, so a figure in docs/PERF.md or in a study table can be traced back to its run:
 
 - ``git_commit`` and ``git_dirty`` (tracked files changed since that commit) of the checkout the
   code was imported from;
@@ -9,7 +9,9 @@ same fields, so a figure in docs/PERF.md or docs/RESULTS.md can be traced back t
   runs with equal hashes ran the same hyperparameters);
 - ``seeds``; ``started_at`` (UTC, ISO 8601); ``wall_s``; ``loadavg_start``: the machine's 1, 5 and
   15-minute load averages when the run began (a timing taken at load 14 on 2 cores is not one
-  taken at load 0); ``host``, ``python``, ``jax``.
+  taken at load 0); ``host``, ``cpu`` (model, widest SIMD and core count: XLA:CPU compiles for the
+  machine's instruction set, so the same commit may produce different floats on two
+  machines), ``python``, ``jax``.
 
 `Provenance.start(config, seeds)` records the start; `.fields()` adds the wall time so far.
 """
@@ -36,7 +38,7 @@ import ml_collections
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 FIELDS = ("git_commit", "git_dirty", "config_hash", "seeds", "started_at", "wall_s", "loadavg_start", "host",
-          "python", "jax")
+          "cpu", "python", "jax")
 
 
 def git_state(cwd: str | pathlib.Path = REPO) -> tuple[str, bool | None]:
@@ -69,6 +71,19 @@ def load_average() -> list[float] | None:
         return None
 
 
+def cpu() -> str:
+    """"<model> (<widest SIMD extension>, <n> cores)" from /proc/cpuinfo (`platform.processor()`
+    where there is none)."""
+    try:
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    field = lambda name: next((x.split(":", 1)[1].strip() for x in lines if x.startswith(name)), "")  # noqa: E731
+    flags = set(field("flags").split())
+    simd = next((f for f in ("avx512f", "avx2", "avx", "sse4_2", "asimd") if f in flags), "no SIMD flag")
+    return f"{field('model name') or platform.machine()} ({simd}, {os.cpu_count()} cores)"
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -87,6 +102,7 @@ class Provenance:
     started_at: str
     loadavg_start: list[float] | None
     host: str
+    cpu: str
     t0: float = dataclasses.field(repr=False, default=0.0)
 
     @classmethod
@@ -100,13 +116,13 @@ class Provenance:
         now = time.time()
         return cls(git_commit=commit, git_dirty=dirty, config_hash=config_hash(config), seeds=seeds,
                    started_at=datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(timespec="seconds"),
-                   loadavg_start=load_average(), host=socket.gethostname(), t0=now)
+                   loadavg_start=load_average(), host=socket.gethostname(), cpu=cpu(), t0=now)
 
     def fields(self) -> dict[str, Any]:
         """The provenance fields (module docstring), with the wall time since `start`."""
         return dict(git_commit=self.git_commit, git_dirty=self.git_dirty, config_hash=self.config_hash,
                     seeds=list(self.seeds), started_at=self.started_at, wall_s=round(time.time() - self.t0, 3),
-                    loadavg_start=self.loadavg_start, host=self.host, python=platform.python_version(),
+                    loadavg_start=self.loadavg_start, host=self.host, cpu=self.cpu, python=platform.python_version(),
                     jax=_version("jax"))
 
     def stamp(self, record: dict) -> dict:

@@ -27,6 +27,7 @@ import json
 import math
 import pathlib
 import re
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -244,10 +245,8 @@ class MetricsWriter:
             return None
         key = run or ""
         if key not in self._tb:
-            from tensorboardX import SummaryWriter  # noqa: PLC0415 - it imports torch when installed (~2 s)
-
             d = self.out_dir / _safe(run) if run else self.out_dir
-            self._tb[key] = SummaryWriter(str(d), purge_step=self._purge, flush_secs=10)
+            self._tb[key] = _summary_writer()(str(d), purge_step=self._purge, flush_secs=10)
         return self._tb[key]
 
     def _start_wandb(self):
@@ -266,6 +265,23 @@ class MetricsWriter:
             self._wandb.define_metric(f"{axis}/*", step_metric=f"{axis}/step")
 
 
+def _summary_writer():
+    """tensorboardX's `SummaryWriter`, imported without torch where torch is not loaded yet:
+    tensorboardX imports torch at module top when it is installed (~2 s in every process that
+    writes events, e.g. each spawned RL trainer) only to recognise torch tensors, which this
+    writer never passes. A `None` entry in `sys.modules` makes that import fail into its fallback."""
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter  # noqa: PLC0415 - heavy; only a process that writes events
+
+        return SummaryWriter
+    sys.modules["torch"] = None
+    try:
+        from tensorboardX import SummaryWriter  # noqa: PLC0415 - heavy; only a process that writes events
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
+
+
 def _cell(v) -> Any:
     if isinstance(v, float):
         return round(v, 4)
@@ -275,7 +291,7 @@ def _cell(v) -> Any:
 def _write_hparams(tb, hparams: dict, metrics: dict) -> None:
     """The hparams plugin's three summaries in `tb`'s own event file (tensorboardX's `add_hparams`
     would open a second run directory), and each metric as a scalar the plugin reads."""
-    from tensorboardX.summary import hparams as hparams_summary  # noqa: PLC0415 - as in `_writer`
+    from tensorboardX.summary import hparams as hparams_summary  # noqa: PLC0415 - heavy; loaded by `_summary_writer`
 
     exp, ssi, sei = hparams_summary(hparams, metrics)
     fw = tb._get_file_writer()

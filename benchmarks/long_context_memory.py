@@ -60,8 +60,7 @@ def rl_memory(rl_path: str, model: ml_collections.ConfigDict, seq: int):
     c.model = model
     c.rl.batch.update(dict(micro_rows=0, min_rows=1, min_seq=seq, min_groups=1))
     shape = rlmemory.step_shape(c, chains=1, segments_per_chain=1, seq=seq, groups=1)
-    m = rlmemory.step_memory(c, shape)
-    return m
+    return rlmemory.step_memory(c, shape)
 
 
 def main(argv=None):

@@ -94,8 +94,7 @@ def main(argv=None):
     print(f"{len(tasks)} tasks ({e.task_source}/{e.task_split}) x {e.num_passes} passes, backend {e.backend}, "
           f"active params {active:,}", flush=True)
     policies = checkpoint_list(e.checkpoints)
-    records, per_task, overall, sources = [], [], [], {}
-    keys = run_keys(c.seed)
+    records, per_task, overall, keys = [], [], [], run_keys(c.seed)
     for i, (name, path) in enumerate(policies):
         t0 = time.time()
         if path.startswith("@"):     # a patch policy (gold / empty): no model
@@ -107,7 +106,6 @@ def main(argv=None):
             if e.warmup:   # compile the sampler's shape buckets outside the timed episodes
                 ctx = np.asarray(tok.encode((setup.system_prompt or "") + tasks[0].prompt), np.int32)
                 pol([ctx] * min(len(tasks) * int(e.num_passes), int(e.max_parallel)), int(c.agent.max_new_tokens))
-        sources[name] = meta
         recs = run_eval(pol, tasks, setup_i, policy_name=name, log=lambda s: print(s, flush=True))
         rows, o = summarize(recs)
         o.update(checkpoint=path or "(init)", checkpoint_step=meta.get("step"), eval_wall_s=time.time() - t0)
@@ -121,13 +119,15 @@ def main(argv=None):
         per_task += rows
         overall.append(o)
     per_repo = repo_rows(per_task, {t.id: task_repo(t) for t in tasks})
-    jsonl = dict(records=records, per_task=per_task, summary=[prov.stamp(o) for o in overall], per_repo=per_repo)
-    [write_jsonl(out / f"{k}.jsonl", v) for k, v in jsonl.items()]
+    stamped = [prov.stamp(o) for o in overall]
+    for k, v in dict(records=records, per_task=per_task, summary=stamped, per_repo=per_repo).items():
+        write_jsonl(out / f"{k}.jsonl", v)
     n = int(e.num_passes)
     cols = ["policy"] + [c2 for col in OVERALL_COLS for c2 in
                          ([f"best_of_{k}" for k in range(1, n + 1)] if col == "best_of_*" else [col])]
     with MetricsWriter(out, c) as log:      # TensorBoard / W&B: each policy its own run, and the overall table
-        [log(dict(o, phase="eval", run=o["policy"])) for o in overall]
+        for o in overall:
+            log(dict(o, phase="eval", run=o["policy"]))
         log.table("eval/overall", [{k: o.get(k) for k in cols} for o in overall], 0)
     task_cols = ["policy", "task_id", "accuracy"] + [f"best_of_{k}" for k in range(1, n + 1)] + [
         "completion_tokens", "tool_calls", "turns", "summaries", "latency_s", "flops"]

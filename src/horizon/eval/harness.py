@@ -294,13 +294,13 @@ def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: 
                 rec["flops"] = inference_flops(setup.active_params, processed)
                 rec["eager_edit"] = None if rec["edited_files"] is None else bool(rec["edited_files"])
                 records.append(rec)
+            done, solved = len(records), sum(r["solved"] for r in records)
             bar.total = len(jobs)                # retried episodes join the end of the queue
-            bar.set_postfix(solved=f"{sum(r['solved'] for r in records)}/{len(records)}")
-            bar.update(len(records) - bar.n)
+            bar.set_postfix(solved=f"{solved}/{done}")
+            bar.update(done - bar.n)
             if log:
-                done = len(records)
-                log(f"[{policy_name}] {done}/{len(jobs)} episodes, solved so far "
-                    f"{sum(r['solved'] for r in records)}/{done} ({time.perf_counter() - t:.1f}s this batch)")
+                log(f"[{policy_name}] {done}/{len(jobs)} episodes, solved so far {solved}/{done} "
+                    f"({time.perf_counter() - t:.1f}s this batch)")
     finally:
         bar.close()
         pool.shutdown()

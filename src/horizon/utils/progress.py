@@ -78,12 +78,6 @@ class PlainProgress:
         items = {**(ordered_dict or {}), **kw}
         self.postfix = ", ".join(f"{k}={_fmt(v)}" for k, v in items.items())
 
-    def set_description(self, desc: str, refresh: bool = True) -> None:
-        self.desc = desc
-
-    def write(self, line: str) -> None:
-        print(line, flush=True)
-
     def close(self) -> None:
         if not self.closed:
             self.closed = True

@@ -279,11 +279,16 @@ def step_histograms(groups: Sequence[storage.GroupRecord], version: int) -> dict
     """A step's RL histograms (`horizon.utils.tracking`): per-episode rewards and advantages, and
     per trained token the staleness `version - the weights version that sampled it` (all 0 in the
     synchronous loop; the async runtime's lag otherwise)."""
-    stale = [version - np.asarray(s.policy_versions)[np.asarray(s.loss_mask, bool)]
-             for g in groups for t in g.trajectories for s in t.segments]
     return dict(rewards=np.asarray([r for g in groups for r in g.rewards], np.float64),
                 advantages=np.asarray([a for g in groups for a in g.advantages], np.float64),
-                staleness=np.concatenate(stale).astype(np.float64) if stale else np.zeros(0))
+                staleness=token_staleness(groups, version).astype(np.float64))
+
+
+def token_staleness(groups: Sequence[storage.GroupRecord], version: int) -> np.ndarray:
+    """`version` minus the weights version that sampled each trained (loss-masked) token of `groups`."""
+    stale = [version - np.asarray(s.policy_versions)[np.asarray(s.loss_mask, bool)]
+             for g in groups for t in g.trajectories for s in t.segments]
+    return np.concatenate(stale) if stale else np.zeros(0, np.int64)
 
 
 def transcript(group: storage.GroupRecord, tok, index: int = 0) -> str:

@@ -14,7 +14,6 @@ starts: by Ray's runtime_env (`ray_pool.RayPool`) or by `spawn`.
 
 from __future__ import annotations
 
-import collections
 import multiprocessing as mp
 import os
 import pathlib
@@ -34,15 +33,10 @@ from horizon.utils.tracking import MetricsWriter
 
 
 def token_staleness(groups_records, step: int) -> dict[int, int]:
-    """Histogram {staleness: token count} of `step - token version` over the model tokens."""
-    h: collections.Counter = collections.Counter()
-    for r in groups_records:
-        for t in r.trajectories:
-            for s in t.segments:
-                v = np.asarray(s.policy_versions)[np.asarray(s.loss_mask, bool)]
-                for k, n in zip(*np.unique(step - v, return_counts=True)):
-                    h[int(k)] += int(n)
-    return dict(sorted(h.items()))
+    """Histogram {staleness: token count} of `step - token version` over the model tokens
+    (`runtime.token_staleness`)."""
+    return {int(k): int(n) for k, n in zip(*np.unique(runtime.token_staleness(groups_records, step),
+                                                        return_counts=True))}
 
 
 # ----------------------------------------------------------------------------- trainer process

@@ -13,7 +13,8 @@ from 2k to 8k; one that materializes [seq, seq] scores grows ~16x).
 
 The model is `--config`'s with `--layers` layers (first dense, the rest MoE), f32, its
 `max_seq_len` raised to the longest `--seq`; the RL step uses `--rl-config`'s `rl` block on that
-model with no micro-batching (`rl.batch.micro_rows = 0`) and no remat unless `--remat`.
+model with no micro-batching (`rl.batch.micro_rows = 0`) and no remat unless `--remat`. `--head-chunk`
+sets `model.head_chunk` (0: the full [seq, vocab] logits; `horizon.model.head`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from horizon.utils.progress import say
 GIB = 2 ** 30
 
 
-def model_config(path: str, layers: int, seq: int, remat: bool) -> ml_collections.ConfigDict:
+def model_config(path: str, layers: int, seq: int, remat: bool, head_chunk: int | None = None
+                 ) -> ml_collections.ConfigDict:
     c = load_config_file(path)
+    if head_chunk is not None:
+        c.model.head_chunk = int(head_chunk)
     c.model.num_layers = int(layers)
     c.model.first_k_dense = min(int(c.model.first_k_dense), int(layers))
     c.model.max_seq_len = max(int(seq), int(c.model.max_seq_len))
@@ -71,13 +75,17 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, nargs="+", default=[2048, 8192, 32768])
     ap.add_argument("--remat", action="store_true")
     ap.add_argument("--skip-rl", action="store_true")
+    ap.add_argument("--head-chunk", type=int, default=None,
+                    help="model.head_chunk (tokens per LM-head chunk; 0 = full logits); default: the config's")
     args = ap.parse_args(argv)
     provenance.announce(config=vars(args))
-    say(f"{args.config} with {args.layers} layers, f32, one row per step; XLA memory_analysis (GiB)")
+    head_chunk = model_config(args.config, args.layers, 1, False, args.head_chunk).model.get("head_chunk", 0)
+    say(f"{args.config} with {args.layers} layers, f32, head_chunk={head_chunk}, one row per step; "
+        "XLA memory_analysis (GiB)")
     say(f"{'step':>4} {'seq':>7} {'temp':>9} {'args':>8} {'out':>8} {'temp growth':>12} {'compile_s':>10}")
     prev: dict = {}
     for seq in progress.progress(sorted(args.seq), desc="sequence lengths", unit="length"):
-        c = model_config(args.config, args.layers, seq, args.remat)
+        c = model_config(args.config, args.layers, seq, args.remat, args.head_chunk)
         for kind in ("lm",) if args.skip_rl else ("lm", "rl"):
             t0 = time.time()
             if kind == "lm":

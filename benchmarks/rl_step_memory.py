@@ -10,12 +10,16 @@ RL died at a 27 GB allocation on a 23 GB machine once its chain batch passed 64 
     .venv/bin/python benchmarks/rl_step_memory.py --config=configs/selfsum_tiny.py --rows 128 --seq 1024 \
         --micro-rows 32
     .venv/bin/python benchmarks/rl_step_memory.py --config=configs/rl_swegen.py --rows 0 --micro-rows 8 4 2
+    .venv/bin/python benchmarks/rl_step_memory.py --config=configs/rl_swegen.py --check \
+        --config.model.max_seq_len=16384 --config.agent.max_context_tokens=16000 \
+        --config.agent.trigger_tokens=15900 --config.rl.batch.micro_rows=0 --config.model.remat=False
 
 The numbers come from `horizon.rl.runtime.memory.step_memory` (the step compiled from abstract shapes),
 the same computation as the pre-run check experiments/rl.py makes (`rl.memory_check`). `--rows 0`
 measures the config's own largest batch (`memory.max_step_shape`: prompts_per_step x group_size
 chains of the most segments, max_context_tokens long) instead of `--rows` one-segment chains of
-`--seq` tokens.
+`--seq` tokens. `--config.a.b=v` overrides apply as in the experiments; `--check` runs exactly the
+pre-run check experiments/rl.py makes (`memory.preflight`) on the config as given and exits.
 """
 
 from __future__ import annotations
@@ -32,8 +36,7 @@ from horizon.model import transformer
 from horizon.rl.algo import batch as rlbatch
 from horizon.rl.algo import trainer
 from horizon.rl.runtime import memory
-from horizon.utils import progress, provenance
-from horizon.utils.config import load_config_file
+from horizon.utils import cli, progress, provenance
 
 
 def synthetic_groups(c, rows: int, seq: int, group_size: int, seed: int = 0):
@@ -66,9 +69,19 @@ def main(argv=None):
     ap.add_argument("--remat", choices=("both", "off", "on"), default="both")
     ap.add_argument("--run", action="store_true",
                     help="also run and time one step per setting (those that fit the available memory)")
-    a = ap.parse_args(argv)
-    provenance.announce(config=vars(a))
-    c = load_config_file(a.config)
+    ap.add_argument("--check", action="store_true", help="run experiments/rl.py's pre-run memory check and exit")
+    a, overrides = ap.parse_known_args(argv)
+    if any(not o.startswith("--config.") for o in overrides):
+        ap.error(f"unknown arguments {overrides}: config overrides are --config.a.b=VALUE")
+    provenance.announce(config=dict(vars(a), overrides=overrides))
+    try:
+        c = cli.parse([f"--config={a.config}", *overrides], default=a.config)
+    except ValueError as e:
+        cli.fail(str(e), prog="benchmarks/rl_step_memory.py")
+    if a.check:
+        memory.preflight(c, prog="benchmarks/rl_step_memory.py")
+        progress.say("memory check passed")
+        return
     G = int(c.rl.group_size)
     groups, rewards = synthetic_groups(c, a.rows, a.seq, G) if a.run and a.rows > 0 else (None, None)
     remats = {"both": (False, True), "off": (False,), "on": (True,)}[a.remat]

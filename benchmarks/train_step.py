@@ -23,6 +23,8 @@ head), and the achieved useful FLOP/s (analytic / step time) of both sides as a 
 machine's float32 matmul peak, measured in the same run (`--peak-n`: a jitted n x n x n matmul).
 
     .venv/bin/python benchmarks/train_step.py [--layers 2 --seq 128 --batch 4 --steps 5 --warmup 2]
+    .venv/bin/python benchmarks/train_step.py --seq 2048 --skip-hf --head-chunk 0 2048   # A/B, interleaved
+    .venv/bin/python benchmarks/train_step.py --seq 2048 --skip-hf --baseline   # vs dense attention + full logits
 
 On a GPU, a config at its own shapes and dtypes, without HF, against the measured bf16 peak
 and the spec peak (`--spec-peak`, TFLOP/s), with a MoE precision recipe and grouped-GEMM implementation:
@@ -87,6 +89,28 @@ def make_config(args):
     return cfg
 
 
+# The previous path (`--baseline`): dense [seq, seq] attention and full [tokens, vocab] logits.
+BASELINE = {"attention_kernel": "dense", "head_chunk": 0}
+
+
+def variant(cfg, **model_fields):
+    """`cfg` with these ``model`` fields replaced (a copy)."""
+    c = cfg.copy_and_resolve_references()
+    for k, v in model_fields.items():
+        c.model[k] = v
+    return c
+
+
+def variants(cfg, args) -> list[tuple[str, object]]:
+    """(label, config) of every variant the run times: one per `--head-chunk` (else the config), plus
+    the previous path with `--baseline`."""
+    out = [(f"head_chunk={n}", variant(cfg, head_chunk=int(n))) for n in args.head_chunk or []]
+    out = out or [("", cfg)]
+    if args.baseline:
+        out.append(("previous path (dense attention, full logits)", variant(cfg, **BASELINE)))
+    return out
+
+
 def matmul_peak(n: int, reps: int = 5, dtype=jnp.float32) -> float:
     """This machine's matmul FLOP/s in JAX for `dtype`: the best of `reps` timed n x n x n products on
     random data (two input sets alternated, so a repeat does not reuse a cached product)."""
@@ -104,25 +128,31 @@ def compiled_flops(cfg, tokens: np.ndarray, args) -> float:
         return float(lm.jit_train_step(cfg).lower(state, batch).compile().cost_analysis()["flops"])
 
 
-def bench_horizon(cfg, tokens: np.ndarray, args):
-    state = lm.init_state(jax.random.PRNGKey(args.seed), cfg)
+def bench_horizon(cfgs, tokens: np.ndarray, args):
+    """Timed steps of `lm.jit_train_step` for each config in `cfgs` (variants of one model), one state
+    each, from the same init; the steps alternate between the variants (round-robin), so load drift
+    on a shared machine hits every variant alike. Returns (params0, [(times, losses, first step) per
+    config])."""
     b, s = tokens.shape
     batch = {"tokens": jnp.asarray(tokens), "segment_ids": jnp.zeros((b, s), jnp.int32),
              "positions": jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s)),
              "mask": jnp.ones((b, s), jnp.int32)}
-    step = lm.jit_train_step(cfg)
-    params0 = state.params
-    times, losses, first = [], [], 0.0
+    states = [lm.init_state(jax.random.PRNGKey(args.seed), c) for c in cfgs]
+    steps = [lm.jit_train_step(c) for c in cfgs]
+    params0 = states[0].params
+    out = [([], [], 0.0) for _ in cfgs]
     for i in progress.progress(range(args.warmup + args.steps), desc="horizon train steps", unit="step"):
-        t0 = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready(state.params)
-        dt = time.perf_counter() - t0
-        losses.append(float(metrics["loss"]))
-        first = first or dt
-        if i >= args.warmup:
-            times.append(dt)
-    return params0, times, losses, first
+        for j, step in enumerate(steps):
+            t0 = time.perf_counter()
+            states[j], metrics = step(states[j], batch)
+            jax.block_until_ready(states[j].params)
+            dt = time.perf_counter() - t0
+            times, losses, first = out[j]
+            losses.append(float(metrics["loss"]))
+            if i >= args.warmup:
+                times.append(dt)
+            out[j] = (times, losses, first or dt)
+    return params0, out
 
 
 def bench_hf(cfg, params0, tokens: np.ndarray, args):
@@ -164,6 +194,11 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=None, help="default 4 (small.py), else the config's")
     ap.add_argument("--precision", default=None, help="model.moe_precision (default: the config's)")
     ap.add_argument("--grouped-impl", default=None, help="model.grouped_impl (default: the config's)")
+    ap.add_argument("--head-chunk", type=int, nargs="+", default=None,
+                    help="model.head_chunk (tokens per LM-head chunk, 0 = full logits; default: the config's); "
+                         "several values: one variant each, their steps interleaved")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also time the previous path (model.attention_kernel=dense, head_chunk=0), interleaved")
     ap.add_argument("--peak-dtype", default="float32", help="dtype of the matmul peak measurement")
     ap.add_argument("--spec-peak", type=float, default=0.0, help="the datasheet peak in TFLOP/s (0: not shown)")
     ap.add_argument("--steps", type=int, default=5)
@@ -185,6 +220,8 @@ def main(argv=None):
     print(f"config: {args.config or 'configs/small.py'} with num_layers={m.num_layers} "
           f"(first_k_dense={m.first_k_dense}), seq={seq}, batch={batch}, d_model={m.d_model}, "
           f"experts={m.num_experts} top-{m.num_experts_per_tok}, vocab={m.vocab_size}, {m.dtype}, "
+          f"head_chunk={args.head_chunk or m.get('head_chunk', 0)}, attention={m.get('attention_kernel')} "
+          f"(blocks {m.get('attention_block_q')} x {m.get('attention_block_kv')}), "
           f"moe_precision={m.moe_precision}, grouped_impl={m.get('grouped_impl', 'auto')} "
           f"({grouped.choose_impl(m.get('grouped_impl', 'auto'))}); devices={jax.devices()}")
 
@@ -197,11 +234,20 @@ def main(argv=None):
         print(f"FLOPs per step: compiled {comp:.3g} vs analytic {ana['total']:.3g} = {comp / ana['total']:.2f}x "
               f"(analytic: matmul {ana['matmul']:.3g}, attention {ana['attention']:.3g}, lm_head "
               f"{ana['lm_head']:.3g}; FLOP-count compile {time.perf_counter() - t0:.1f} s)")
-    params0, jt, jl, jt0 = bench_horizon(cfg, tokens, args)
+    vs = variants(cfg, args)
+    params0, runs = bench_horizon([c for _, c in vs], tokens, args)
+    for (label, _), (jt, jl, _) in zip(vs, runs):
+        j_med = statistics.median(jt)
+        print(f"horizon JAX {label}: median step {j_med * 1e3:8.1f} ms  "
+              f"-> {ntok / j_med:9.1f} tokens/s  {ana['total'] / j_med / 1e9:6.1f} useful GFLOP/s = "
+              f"{ana['total'] / j_med / peak:.0%} of peak  "
+              f"(steps {['%.0f' % (x * 1e3) for x in jt]} ms; loss {jl[0]:.4f} -> {jl[-1]:.4f})")
+    jt, jl, jt0 = runs[0]
     j_med = statistics.median(jt)
-    print(f"horizon JAX : median step {j_med * 1e3:8.1f} ms  -> {ntok / j_med:9.1f} tokens/s  "
-          f"{ana['total'] / j_med / 1e9:6.1f} useful GFLOP/s = {ana['total'] / j_med / peak:.0%} of peak  "
-          f"(steps {['%.0f' % (x * 1e3) for x in jt]} ms; loss {jl[0]:.4f} -> {jl[-1]:.4f})")
+    if args.baseline:
+        b_med = statistics.median(runs[-1][0])
+        print(f"ratio {vs[0][0] or 'current path'} / previous path step time: {j_med / b_med:.3f}x "
+              f"(first-step loss diff {abs(jl[0] - runs[-1][1][0]):.2e})")
     if args.spec_peak:
         print(f"MFU (analytic FLOPs / step time): {ana['total'] / j_med / peak:.1%} of the measured "
               f"{args.peak_dtype} peak ({peak / 1e12:.0f} TFLOP/s), "

@@ -43,8 +43,14 @@ def model_config() -> ml_collections.ConfigDict:
              beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.0))
     m.mtp_depth = 0               # number of MTP modules (0 = none)
     m.tie_embeddings = False
+    m.attention_kernel = "blockwise"  # "blockwise" (memory linear in the sequence) | "dense" (the test reference)
+    m.attention_block_q = 256     # query rows per attention block (horizon.model.blockwise)
+    m.attention_block_kv = 256    # keys per attention block
     m.init_std = 0.02
     m.remat = False               # recompute each layer's activations in the backward pass (memory for compute)
+    m.head_chunk = 4096           # training losses: a step of more tokens runs the LM head over chunks of this
+    #                               many (horizon.model.head), never [tokens, vocab] logits at once; up to it, one
+    #                               direct pass (short contexts keep their speed); 0 = always full logits
     m.dtype = "float32"           # compute dtype
     m.param_dtype = "float32"
     m.moe_precision = "bf16"      # "bf16" | "mxfp8" | "nvfp4" | "nvfp4_per_token_fwd_mxfp8_bwd" (docs/SPEC.md §3)
@@ -68,6 +74,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.batch_size = 8
     c.data.shuffle_seed = 0
     c.data.worker_count = 0
+    # Synthetic passkey documents in the training split (horizon.data.passkey, docs/SPEC.md §8): this fraction of the
+    # training documents, each `passkey_len` tokens (0 = data.seq_len) with a key of `passkey_digits` digits; loss on
+    # "all" their tokens or only on the "answer" (the key read back at the end)
+    c.data.passkey_fraction = 0.0
+    c.data.passkey_len = 0
+    c.data.passkey_digits = 5
+    c.data.passkey_loss = "all"
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 300

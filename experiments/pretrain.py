@@ -1,143 +1,89 @@
 """Pretrain an LM on local code (docs/SPEC.md §8): `python experiments/pretrain.py --config=configs/tiny.py`.
 
     python experiments/pretrain.py --config=configs/tiny.py --config.train.steps=50 --config.train.output_dir=runs/x
+    python experiments/pretrain.py --config=configs/pretrain_long.py      # short stage, then long (docs/SPEC.md §1.4)
 
-Logs train loss every `log_every` and held-out loss every `eval_every` (and at step 0) to
-`<train.output_dir>/metrics.jsonl` and TensorBoard events there (W&B with exp.wandb.project), checkpoints every
-`checkpoint_every`, resumes from the newest checkpoint in that dir (also across meshes), and ends with a loss-curve
-PNG and a summary (with provenance). The step
-runs on the mesh of `mesh` (docs/SPEC.md §2; default one device, `--config.mesh.preset=ep4xcp2` etc. on 8
-devices): params, optimizer state and batches placed by the logical-axis rules, the one
-`lm.train_step` partitioned (`horizon.parallel.sharded`). Bad config values stop with one line and
-exit code 2 before anything starts (`lm.validate_train_config`).
+One stage (a config without `stages`): logs train loss every `log_every` and held-out loss every
+`eval_every` (and at step 0) to `<train.output_dir>/metrics.jsonl` and TensorBoard events there (W&B
+with exp.wandb.project), checkpoints every `checkpoint_every`, resumes from the newest checkpoint in
+that dir (also across meshes), and ends with a loss-curve PNG and a summary (with provenance)
+(`horizon.train.loop`). The step runs on the mesh of `mesh` (docs/SPEC.md §2; default one device,
+`--config.mesh.preset=ep4xcp2` etc. on 8 devices): params, optimizer state and batches placed by the
+logical-axis rules, the one `lm.train_step` partitioned (`horizon.parallel.sharded`).
+
+With `stages` (configs/pretrain_long.py): the short stage in `<output_dir>/short`, the long one
+(`stages.long`: longer sequences, YaRN, the short stage's params, a fresh optimizer;
+`horizon.train.stages`) in `<output_dir>/long`, each a stage as above that resumes on its own. The
+long-context eval (`horizon.eval.long_context`: held-out loss per position bucket, passkey accuracy
+at `long_eval.multiples` of the short length) runs on the short model with its own RoPE and with the
+long stage's, then on the long model; its records go to `<output_dir>/metrics.jsonl` (phase
+`long_context/<model>`, kept across a resume) and `<output_dir>/summary.json`. Bad config values stop
+with one line and exit code 2 before anything starts (`stages.validate_pretrain_config`,
+`long_context.validate_long_eval`).
 """
 
-import itertools
 import json
 import pathlib
 import sys
-import time
 
-import jax
 from absl import logging
 
-from horizon.data import pipeline
-from horizon.parallel import mesh as pmesh
-from horizon.parallel import sharded
-from horizon.train import checkpoint, lm
+from horizon.eval import long_context
+from horizon.train import loop, stages
 from horizon.utils import cli
 from horizon.utils.config import dump_config
-from horizon.utils.progress import progress, say
 from horizon.utils.provenance import Provenance
-from horizon.utils.seeds import run_keys
 from horizon.utils.tracking import MetricsWriter
 
 
-def read_records(path: pathlib.Path, max_step: int | None = None) -> list[dict]:
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [r for r in recs if max_step is None or r["step"] <= max_step]
+def validate(cfg) -> None:
+    stages.validate_pretrain_config(cfg)
+    long_context.validate_long_eval(cfg)
 
 
-def plot(recs: list[dict], out: pathlib.Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("loss", "train"), ("eval_loss", "held-out")):
-        pts = [(r["step"], r[key]) for r in recs if key in r]
-        if pts:
-            ax.plot(*zip(*pts), label=label, marker="." if key == "eval_loss" else None)
-    ax.set_xlabel("step"), ax.set_ylabel("next-token CE (nats)"), ax.legend(), ax.grid(alpha=0.3)
-    fig.tight_layout(), fig.savefig(out, dpi=100), plt.close(fig)
+def run_stages(cfg, plan: list[stages.Stage], prov: Provenance) -> dict:
+    """Both stages and the three long-context evals; returns the run's summary."""
+    short, long = plan
+    out = pathlib.Path(cfg.train.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out / "config.json")
+    if not (out / "short" / "checkpoints").is_dir() and (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").unlink()                   # a fresh run: no evals to keep
+    done = {r["phase"]: r for r in loop.read_records(out / "metrics.jsonl")}
+    log = MetricsWriter(out, cfg)
+    records = {}
+
+    def run_eval(name, params, model_cfg, step):
+        phase = f"long_context/{name}"
+        if phase not in done:
+            score = long_context.model_scorer(params, model_cfg)
+            log({"phase": phase, "step": step, **long_context.evaluate(cfg, score, desc=f"eval {name}")})
+            done[phase] = log.records[-1]
+        records[name] = {k: v for k, v in done[phase].items() if k not in ("phase", "step", "time_s")}
+
+    s_sum, s_state = loop.train_stage(short.cfg, prov, desc="pretrain short")
+    n_short = short.cfg.train.steps
+    run_eval("short", s_state.params, short.cfg.model, n_short)          # its own RoPE
+    run_eval("short_yarn", s_state.params, long.cfg.model, n_short)     # the long stage's RoPE scaling
+    l_sum, l_state = loop.train_stage(long.cfg, prov, desc="pretrain long", init_params=lambda: s_state.params)
+    run_eval("long", l_state.params, long.cfg.model, n_short + long.cfg.train.steps)
+    summary = {"stages": {"short": s_sum, "long": l_sum}, "long_context": records,
+               "rope_scaling_long": long.cfg.model.rope_scaling.to_dict(), "provenance": prov.fields()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    log.close(final={f"{m}/{k}": v for m, r in records.items() for k, v in r.items()})
+    print("\nlong-context eval (held-out loss per target-position bucket; passkey exact match by length):\n"
+          + long_context.table(records) + f"files: {out}/{{summary.json, metrics.jsonl, short/, long/}}")
+    return summary
 
 
 def main(argv=None):
-    cfg = cli.load(argv, default="configs/tiny.py", validate=lm.validate_train_config, doc=__doc__,
-                   prog="experiments/pretrain.py")
+    cfg = cli.load(argv, default="configs/tiny.py", validate=validate, doc=__doc__, prog="experiments/pretrain.py")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save/restore at INFO
     prov = Provenance.start(cfg)
-    tc = cfg.train
-    if tc.get("compilation_cache_dir"):
-        jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(tc.compilation_cache_dir).resolve()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    workdir = pathlib.Path(tc.output_dir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, workdir / "config.json")
-    (workdir / "seed.txt").write_text(f"{cfg.seed}\n")
-    metrics_path = workdir / "metrics.jsonl"
-
-    mesh = pmesh.mesh_from_config(cfg)        # default: one device; c.mesh picks FSDP / EP / CP
-    state = lm.init_state(jax.random.key_data(run_keys(cfg.seed)["init"]), cfg)
-    train_fn, st_sh, _ = lm.make_train_step(cfg, mesh, jax.eval_shape(lambda: state))
-    eval_fn = lm.make_eval_step(cfg, mesh, jax.eval_shape(lambda: state.params))
-    state = jax.device_put(state, st_sh)      # params / optimizer state by the logical-axis rules
-    ckpt = checkpoint.Checkpointer(workdir / "checkpoints", every=tc.checkpoint_every, keep=tc.max_checkpoints)
-    restored = ckpt.restore_latest(state)
-    start = 0
-    if restored is not None:
-        state, meta = restored
-        start = int(meta["data_step"])
-        # Drop records logged after the checkpoint (the run died past it): they are redone.
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in read_records(metrics_path, start)))
-        print(f"resumed from {ckpt.directory}/{start} (data position {start})")
-    elif metrics_path.exists():
-        metrics_path.unlink()
-    log = MetricsWriter(workdir, cfg, purge_step=start or None)    # metrics.jsonl + TensorBoard (+ W&B)
-    print(f"workdir {workdir}; mesh {dict(mesh.shape)}; data {pipeline.corpus_stats(cfg)}")
-    eval_set = pipeline.eval_batches(cfg)
-    batches = pipeline.make_batches(cfg, "train", start_step=start)
-
-    def run_eval(step):
-        rec = {"step": step, **lm.evaluate(eval_fn, state.params, eval_set)}
-        log(rec)
-        return rec["eval_loss"]
-
-    first = next(batches)
-    coll = sharded.compiled_collectives(train_fn, state, first)   # what the partitioned step communicates
-    print("train step collectives (bytes per device): " + (", ".join(f"{k} {v:,}" for k, v in coll.items() if v)
-                                                          or "none"), flush=True)
-    batches = itertools.chain([first], batches)
-    last_eval = run_eval(0) if start == 0 else float("nan")
-    t_start, t_first, tokens = time.time(), None, 0.0  # tokens/s measured after the first (compiling) step
-    step = start
-    bar = progress(total=tc.steps, initial=start, desc="pretrain", unit="step")
-    while step < tc.steps:
-        state, m = train_fn(state, next(batches))
-        step += 1
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
-        if t_first is None:
-            t_first = time.time()
-        else:
-            tokens += m["tokens"]
-        if step % tc.eval_every == 0 or step == tc.steps:
-            last_eval = run_eval(step)
-        if step % tc.log_every == 0 or step == tc.steps:
-            tps = tokens / max(time.time() - t_first, 1e-9)
-            log({"step": step, **m, "tokens_per_s": tps})
-            say(f"step {step:5d} | loss {m['loss']:.4f} | eval {last_eval:.4f} | lr {m['lr']:.2e} "
-                f"| gnorm {m['grad_norm']:.3f} | {tps:,.0f} tok/s")
-            bar.set_postfix(loss=m["loss"])
-        bar.update(1)
-        if ckpt.should_save(step) or step == tc.steps:
-            ckpt.save(step, state, {"data_step": step, "seed": cfg.seed}, force=True)
-    bar.close()
-    ckpt.close()
-
-    recs = read_records(metrics_path)
-    plot(recs, workdir / "loss_curve.png")
-    evals = [r for r in recs if "eval_loss" in r]
-    wall = time.time() - t_start
-    tps = tokens / max(time.time() - t_first, 1e-9) if tokens else next(
-        (r["tokens_per_s"] for r in reversed(recs) if "tokens_per_s" in r), 0.0)  # nothing left to run
-    summary = {"init_eval_loss": evals[0]["eval_loss"], "final_eval_loss": evals[-1]["eval_loss"],
-               "eval_drop_pct": 100.0 * (1 - evals[-1]["eval_loss"] / evals[0]["eval_loss"]),
-               "train_tokens_per_s": tps, "wall_s_this_process": wall, "steps": tc.steps,
-               "mesh": dict(mesh.shape), "collectives": coll, "provenance": prov.fields()}
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    log.close(final=summary)
-    print(f"\ninit eval loss {summary['init_eval_loss']:.4f} -> final {summary['final_eval_loss']:.4f} "
-          f"({summary['eval_drop_pct']:.1f}% drop) | {tps:,.0f} train tok/s | {wall:.0f}s\n"
-          f"files: {workdir}/{{metrics.jsonl, loss_curve.png, summary.json, config.json, checkpoints/}}")
+    plan = stages.plan(cfg)
+    if len(plan) == 1:
+        return loop.train_stage(plan[0].cfg, prov)[0]
+    return run_stages(cfg, plan, prov)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,10 @@ def _containers():
      r"rl\.sampler\.engine_window_per_octave=3: must be a power of two"),
     ("eval", ["--config.rl.sampler.engine_stop_slots=1"],
      r"rl\.sampler\.engine_stop_slots=1: must hold the tokenizer's 2"),
+    ("pretrain", ["--config=configs/pretrain_long.py", "--config.stages.long.rope=ntk"],
+     r"stages\.long\.rope='ntk': must be one of"),
+    ("pretrain", ["--config=configs/pretrain_long.py", "--config.long_eval.multiples=(1, 4, 32)"],
+     r"long_eval\.multiples=\(1, 4, 32\): the longest length"),
 ])
 def test_each_driver_refuses_bad_values_in_one_line(capsys, driver, argv, message):
     """In-process: every driver's `load_config` exits 2 with one line naming the field."""

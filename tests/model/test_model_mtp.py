@@ -21,19 +21,25 @@ def test_valid_mask_shift_and_segments():
 
 
 def test_kl_zero_when_mtp_equals_shifted_main():
+    """The student at t equal to the main head at t+k (same hidden, same norm): KL 0; otherwise > 0;
+    invalid positions are ignored."""
+    c = _mtp_cfg()
+    c.mtp_depth = 2
+    params = transformer.init(jax.random.key(0), c)
+    params["mtp"]["head_norm"] = jnp.broadcast_to(params["final_norm"], params["mtp"]["head_norm"].shape)
     rng = np.random.default_rng(0)
-    b, s, V, K = 2, 6, 11, 2
-    main = jnp.asarray(rng.standard_normal((b, s, V)), jnp.float32)
-    mtp_l = jnp.stack([jnp.concatenate([main[:, k:], jnp.zeros((b, k, V))], 1) for k in (1, 2)])
+    b, s, K, D = 2, 6, 2, c.d_model
+    main = jnp.asarray(rng.standard_normal((b, s, D)), jnp.float32)
+    mtp_h = jnp.stack([jnp.concatenate([main[:, k:], jnp.zeros((b, k, D))], 1) for k in (1, 2)])
     mask = mtp.mtp_valid_mask(jnp.zeros((b, s), jnp.int32), K)
-    kl = jax.jit(mtp.mtp_loss)
-    loss, per = kl(main, mtp_l, mask)
+    kl = jax.jit(functools.partial(mtp.mtp_loss, cfg=c))
+    loss, per = kl(params, main, mtp_h, mask)
     assert abs(float(loss)) < 1e-6 and per.shape == (K,)
-    loss2, _ = kl(main, mtp_l + jnp.asarray(rng.standard_normal(mtp_l.shape), jnp.float32), mask)
-    assert float(loss2) > 0.1
+    loss2, _ = kl(params, main, mtp_h + 5 * jnp.asarray(rng.standard_normal(mtp_h.shape), jnp.float32), mask)
+    assert float(loss2) > 1e-3
     # invalid positions are ignored: garbage there does not matter
-    garbage = jnp.where(mask[..., None], mtp_l, 100.0 * jnp.arange(V))
-    assert abs(float(kl(main, garbage, mask)[0])) < 1e-6
+    garbage = jnp.where(mask[..., None], mtp_h, 100.0 * jnp.arange(D))
+    assert abs(float(kl(params, main, garbage, mask)[0])) < 1e-6
 
 
 def _mtp_cfg():
@@ -51,9 +57,9 @@ def _grads(freeze: bool):
     tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, c.vocab_size)
 
     def loss(p):
-        logits, aux = transformer.forward(p, tokens, cfg=c)
-        ml, valid = mtp.mtp_logits(p, aux["hidden"], tokens, cfg=c, freeze_trunk=freeze)
-        return mtp.mtp_loss(logits, ml, valid)[0]
+        hidden, _ = transformer.hidden_states(p, tokens, cfg=c)
+        mh, valid = mtp.mtp_hidden(p, hidden, tokens, cfg=c, freeze_trunk=freeze)
+        return mtp.mtp_loss(p, hidden, mh, valid, cfg=c, freeze_trunk=freeze)[0]
 
     return jax.jit(jax.grad(loss))(params)
 
@@ -73,13 +79,13 @@ def test_freeze_trunk_gradients(freeze):
         assert _maxabs(g["dense"]) > 0 and _maxabs(g["embed"]) > 0
 
 
-def test_mtp_logits_shapes_variant(variant):
+def test_mtp_hidden_shapes_variant(variant):
     """MoE-block MTP on the variant config (YaRN, full-rank q); also checks segment-aware validity."""
     tokens = variant.tokens(2, 8)
     _, aux = variant.full(tokens)
     seg = jnp.array([[0, 0, 0, 0, 1, 1, 1, 1]] * 2)
-    ml, valid = jax.jit(lambda p, h, t, s: mtp.mtp_logits(p, h, t, cfg=variant.cfg, segment_ids=s))(
+    mh, valid = jax.jit(lambda p, h, t, s: mtp.mtp_hidden(p, h, t, cfg=variant.cfg, segment_ids=s))(
         variant.params, aux["hidden"], tokens, seg)
-    assert ml.shape == (1, 2, 8, variant.cfg.vocab_size) and ml.dtype == jnp.float32
+    assert mh.shape == (1, 2, 8, variant.cfg.d_model) and mh.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(valid[0, 0]), [1, 1, 0, 0, 1, 1, 0, 0])
-    assert bool(jnp.isfinite(ml).all())
+    assert bool(jnp.isfinite(mh).all())

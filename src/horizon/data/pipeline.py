@@ -1,14 +1,17 @@
 """Grain pretraining pipeline: files -> tokens -> packed rows -> batches (docs/SPEC.md §8).
 
 Each document is `BOS + tokens + EOS`, split into pieces of at most `seq_len`, and the
-pieces (in a seeded document order) are greedy-packed into rows (`packing.pack_sequences`).
-The rows form a `grain.MapDataset` that is globally shuffled (reshuffled every epoch),
-repeated forever and batched, so **batch k is a pure function of (data config, k)**:
-resuming at step k needs only k (no iterator state), and any host can compute any batch.
+pieces (in a seeded document order) are greedy-packed into rows (`packing.pack_sequences`);
+with `data.passkey_fraction` > 0 the training split's pieces get synthetic passkey documents
+mixed in first (`mix_passkeys`, docs/SPEC.md §8; their loss mask per `data.passkey_loss`). The
+rows form a `grain.MapDataset` that is globally shuffled (reshuffled every epoch), repeated forever
+and batched, so **batch k is a pure function of (data config, k)**: resuming at step k needs only k
+(no iterator state), and any host can compute any batch.
 
 A batch is a dict of numpy arrays `[batch, seq_len]`:
   tokens int32, segment_ids int32 (1..n per row, 0 = padding), positions int32 (reset
-  per segment), mask float32 (1 = real, loss-bearing token; the loss additionally keeps
+  per segment), mask float32 (1 = real, loss-bearing token, 0 on padding and on the parts of a
+  passkey document `data.passkey_loss = "answer"` does not train; the loss additionally keeps
   only targets in the same segment as their input, see `packing.target_mask`).
 """
 
@@ -22,7 +25,7 @@ import grain
 import ml_collections
 import numpy as np
 
-from horizon.data import packing, sources
+from horizon.data import packing, passkey, sources
 from horizon.data.tokenizer import tokenizer_from_config
 
 BATCH_KEYS = ("tokens", "segment_ids", "positions", "mask")
@@ -41,24 +44,60 @@ def _data_key(cfg: ml_collections.ConfigDict, split: str) -> str:
                            vocab=cfg.model.vocab_size, seed=d.shuffle_seed), sort_keys=True)
 
 
+def documents(cfg: ml_collections.ConfigDict, split: str) -> list[np.ndarray]:
+    """A split's files as token arrays (`BOS + tokens + EOS`), in the seeded document order."""
+    d = cfg.data
+    tok = make_tokenizer(cfg)
+    bos, eos = tok.bos_id is not None, tok.eos_id is not None
+    docs = sources.file_source(d, split).map(
+        lambda item: np.asarray(tok.encode(item[1], bos=bos, eos=eos), dtype=np.int32))
+    return list(docs.shuffle(seed=d.shuffle_seed))
+
+
+def passkey_length(d: ml_collections.ConfigDict) -> int:
+    """Tokens per mixed-in passkey document: `data.passkey_len`, 0 = `data.seq_len`."""
+    return int(d.get("passkey_len", 0) or d.seq_len)
+
+
+def mix_passkeys(pieces: list[np.ndarray], cfg: ml_collections.ConfigDict
+                 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(sequences, their loss masks): `pieces` with passkey documents (`horizon.data.passkey`) making
+    `data.passkey_fraction` of the result, each at a seeded position (the pieces keep their order); a
+    piece's mask is all ones, a passkey document's `data.passkey_loss` ("all" | "answer")."""
+    d = cfg.data
+    n = passkey.mix_count(len(pieces), float(d.get("passkey_fraction", 0.0)))
+    docs = passkey.passkey_documents(make_tokenizer(cfg), passkey_length(d), n, seed=d.shuffle_seed,
+                                     digits=int(d.get("passkey_digits", 5)))
+    at = np.sort(np.random.default_rng([passkey.TRAIN_STREAM, d.shuffle_seed]).integers(0, len(pieces) + 1, n))
+    seqs, masks = list(pieces), [np.ones(p.size, np.float32) for p in pieces]
+    loss = str(d.get("passkey_loss", "all"))
+    for j, (i, doc) in enumerate(zip(at, docs)):       # i counts pieces before it; j passkeys already in
+        seqs.insert(int(i) + j, doc.tokens)
+        masks.insert(int(i) + j, doc.loss_mask(loss))
+    return seqs, masks
+
+
 @functools.lru_cache(maxsize=8)
 def _packed_rows(key: str, cfg_json: str) -> dict[str, np.ndarray]:
     cfg = ml_collections.ConfigDict(json.loads(cfg_json))
     d = cfg.data
     tok = make_tokenizer(cfg)
-    bos, eos = tok.bos_id is not None, tok.eos_id is not None
-    docs = sources.file_source(d, json.loads(key)["split"]).map(
-        lambda item: np.asarray(tok.encode(item[1], bos=bos, eos=eos), dtype=np.int32))
-    docs = list(docs.shuffle(seed=d.shuffle_seed))  # seeded document order, then pack
-    pieces = [p for doc in docs for p in packing.chunk(doc, d.seq_len) if p.size > 1]
-    packed = packing.pack_sequences(pieces, d.seq_len, pad_id=tok.pad_id)
-    return dict(tokens=packed.tokens, segment_ids=packed.segment_ids, positions=packed.positions,
-                mask=(packed.segment_ids > 0).astype(np.float32))
+    split = json.loads(key)["split"]
+    pieces = [p for doc in documents(cfg, split) for p in packing.chunk(doc, d.seq_len) if p.size > 1]
+    if split != "train" or float(d.get("passkey_fraction", 0.0)) == 0.0:
+        packed = packing.pack_sequences(pieces, d.seq_len, pad_id=tok.pad_id)
+        mask = (packed.segment_ids > 0).astype(np.float32)
+    else:
+        seqs, masks = mix_passkeys(pieces, cfg)
+        packed = packing.pack_sequences(seqs, d.seq_len, pad_id=tok.pad_id, extras={"mask": masks})
+        mask = packed.extras["mask"]
+    return dict(tokens=packed.tokens, segment_ids=packed.segment_ids, positions=packed.positions, mask=mask)
 
 
 def packed_rows(cfg: ml_collections.ConfigDict, split: str) -> dict[str, np.ndarray]:
     """All packed rows of a split (cached per process; read-only arrays)."""
-    cfg_json = json.dumps(dict(data=cfg.data.to_dict(), model=dict(vocab_size=cfg.model.vocab_size)))
+    cfg_json = json.dumps(dict(data=cfg.data.to_dict(), model=dict(vocab_size=cfg.model.vocab_size,
+                                                                   tokenizer=str(cfg.model.get("tokenizer", "byte")))))
     rows = _packed_rows(_data_key(cfg, split), cfg_json)
     for v in rows.values():
         v.setflags(write=False)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from horizon.model import layers, rope
+from horizon.model import blockwise, layers, rope
 
 NEG_INF = -1e30  # finite mask value (a fully masked row stays finite; cannot happen with causal masks)
 
@@ -112,29 +112,37 @@ def core_attention(
     q_rope: Float[Array, "batch q heads rope"],
     c: Float[Array, "batch kv latent"],
     k_rope: Float[Array, "batch kv rope"],
-    mask: Array,
+    q_index: Int[Array, "batch q"],
+    kv_index: Int[Array, "batch kv"],
+    q_seg: Int[Array, "batch q"],
+    kv_seg: Int[Array, "batch kv"],
     *,
     cfg,
 ) -> Float[Array, "batch q embed"]:
-    """MLA's core: queries over latent keys/values under `mask` [b, 1, q, kv] (True = attend):
-    per-head up-projection of the latent (`wkv_b`), scaled scores, f32 softmax, values, output
-    projection. The local path (`attention`) and the context-parallel one
-    (`horizon.parallel.context`, over an all-gathered latent) both call it."""
+    """MLA's core: queries over latent keys/values, query i seeing key j iff ``kv_index[j] <=
+    q_index[i]`` and the segments match: per-head up-projection of the latent (`wkv_b`, once per
+    key), the shared rope key broadcast over heads, `horizon.model.blockwise` attention (memory
+    linear in the sequence; ``model.attention_kernel = "dense"`` runs the materialised reference),
+    output projection. The local path (`attention`), the context-parallel one
+    (`horizon.parallel.context`, over an all-gathered latent) and the engine's prefill chunks over
+    the cache (`attention_decode`) all call it."""
     H, n, v = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
     dt = q_nope.dtype
     b, t = q_nope.shape[:2]
     s = c.shape[1]
     kv = jnp.swapaxes((c @ p["wkv_b"].astype(dt)).reshape(b, s, H, n + v), 1, 2)   # [b, H, s, n + v]
-    k_nope, val = kv[..., :n], kv[..., n:]
-    # Heads-major operands, so both products are plain batched GEMMs over (b, H): with the einsums
-    # "bthn,bshn->bhts" / "bhts,bshv->bthv" XLA:CPU ran the value product far slower (docs/PERF.md
+    k_rope_h = jnp.broadcast_to(k_rope.astype(dt)[:, None], (b, H, s, k_rope.shape[-1]))
+    # Heads-major operands, so every product is a plain batched GEMM over (b, H) (docs/PERF.md
     # "Decode step, prefill and the old-path baseline").
-    batch = ((0, 1), (0, 1))
-    scores = (jax.lax.dot_general(jnp.swapaxes(q_nope, 1, 2), k_nope, (((3,), (3,)), batch))
-              + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope))
-    scores = jnp.where(mask, (scores * rope.softmax_scale(cfg)).astype(jnp.float32), NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jax.lax.dot_general(probs, val, (((3,), (2,)), batch))                    # [b, H, t, v]
+    q = jnp.swapaxes(jnp.concatenate([q_nope, q_rope], axis=-1), 1, 2)              # [b, H, t, n + r]
+    k = jnp.concatenate([kv[..., :n], k_rope_h], axis=-1)                            # [b, H, s, n + r]
+    args = (q, k, kv[..., n:], q_index, kv_index, q_seg, kv_seg)
+    scale = rope.softmax_scale(cfg)
+    if cfg.get("attention_kernel", "blockwise") == "dense":
+        out = blockwise.reference_attention(*args, scale=scale)
+    else:
+        out = blockwise.attention(*args, scale=scale, block_q=int(cfg.get("attention_block_q", 256)),
+                                  block_kv=int(cfg.get("attention_block_kv", 256)))
     return jnp.swapaxes(out, 1, 2).reshape(b, t, H * v) @ p["wo"].astype(dt)
 
 
@@ -157,10 +165,8 @@ def attention(
     s = x.shape[1]
     q_nope, q_rope = queries(p, x, positions, cfg, tables)
     c, k_rope = kv_latent(p, x, positions, cfg, tables)
-    idx = jnp.arange(s)
-    causal = idx[None, :] <= idx[:, None]  # [t, s]
-    same_seg = segment_ids[:, :, None] == segment_ids[:, None, :]  # [b, t, s]
-    return core_attention(p, q_nope, q_rope, c, k_rope, (causal[None] & same_seg)[:, None], cfg=cfg)
+    idx = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), segment_ids.shape)
+    return core_attention(p, q_nope, q_rope, c, k_rope, idx, idx, segment_ids, segment_ids, cfg=cfg)
 
 
 def init_attn_cache(cfg, batch: int, max_len: int, dtype) -> dict:
@@ -193,10 +199,11 @@ def attention_decode(
       copy of the cache.
     - A chunk (t > 1, prefill, compute-bound): the new latents scattered into a copy of this layer's
       cache, attended like the training path (`core_attention`: keys and values up-projected once per
-      slot). Multiply-adds per row and layer over s slots: absorbed t*H*(n*R + s*(2R + r) + R*v),
-      unabsorbed s*R*H*(n + v) + t*s*H*(n + r + v), i.e. 1.44M vs 0.92M on configs/tiny.py at
-      t = s = 64 (analytic); the prefill timing is in docs/PERF.md "Decode step, prefill and the
-      old-path baseline".
+      slot; query = the token's position, key = the slot, so slot blocks past the chunk's last
+      position are skipped by the blockwise kernel). Multiply-adds per row and layer over s slots:
+      absorbed t*H*(n*R + s*(2R + r) + R*v), unabsorbed s*R*H*(n + v) + t*s*H*(n + r + v), i.e.
+      1.44M vs 0.92M on configs/tiny.py at t = s = 64 (analytic); the prefill timing is in
+      docs/PERF.md "Decode step, prefill and the old-path baseline".
     """
     tables = rope.rope_tables(cfg)
     H, n, v, R = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
@@ -209,8 +216,10 @@ def attention_decode(
     slots = jnp.arange(max_len)
     if t > 1:
         full = write_cache(cache, positions, new)
-        mask = (slots[None, None, :] <= positions[:, :, None])[:, None]
-        return core_attention(p, q_nope, q_rope, full["c_kv"].astype(dt), full["k_rope"].astype(dt), mask, cfg=cfg), new
+        kv_index = jnp.broadcast_to(slots.astype(jnp.int32), (b, max_len))
+        zeros_q, zeros_kv = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, max_len), jnp.int32)
+        return core_attention(p, q_nope, q_rope, full["c_kv"].astype(dt), full["k_rope"].astype(dt), positions,
+                              kv_index, zeros_q, zeros_kv, cfg=cfg), new
     wkv_b = p["wkv_b"].astype(dt).reshape(R, H, n + v)
     w_uk, w_uv = wkv_b[..., :n], wkv_b[..., n:]
     q_lat = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)  # absorb W_uk into the query

@@ -20,8 +20,9 @@ influence other invalid positions.
 
 Self-distillation loss: ``KL(stop_grad(p_main(. | t+k)) || p_mtp^k(. | t))`` where the main head at
 position ``t+k`` predicts the same token ``x_{t+k+1}``; averaged over valid positions per depth, then
-over depths. ``freeze_trunk=True`` (on `mtp_logits`) stops gradients into the trunk: the hidden state
-and the shared embedding / lm_head are detached, so only ``params["mtp"]`` learns.
+over depths, computed over token chunks by `horizon.model.head.token_kl` (no [depth, b, s, vocab]
+logits). ``freeze_trunk=True`` (on `mtp_hidden` and `mtp_loss`) stops gradients into the trunk: the
+hidden state and the shared embedding / lm_head are detached, so only ``params["mtp"]`` learns.
 """
 
 from __future__ import annotations
@@ -30,30 +31,19 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from horizon.model import layers, transformer
+from horizon.model import head, layers, transformer
+from horizon.model import loss as lm_loss
 
 
-def mtp_valid_mask(tokens: Int[Array, "b s"], depth: int, segment_ids: Int[Array, "b s"] | None = None
-                   ) -> Bool[Array, "depth b s"]:
-    """valid[k-1, b, t] = t+k+1 < s and segment(t+k+1) == segment(t)."""
-    b, s = tokens.shape
-    seg = jnp.zeros((b, s), jnp.int32) if segment_ids is None else segment_ids
-    out = []
-    for k in range(1, depth + 1):
-        sh = k + 1
-        in_range = jnp.arange(s) + sh < s
-        seg_t = jnp.concatenate([seg[:, sh:], jnp.full((b, min(sh, s)), -1, seg.dtype)], axis=1)[:, :s]
-        out.append(in_range[None, :] & (seg_t == seg))
-    return jnp.stack(out)
+def mtp_valid_mask(tokens: Int[Array, "b s"], depth: int, segment_ids: Int[Array, "b s"] | None = None,
+                   *, shift=lm_loss.shift_left) -> Bool[Array, "depth b s"]:
+    """valid[k-1, b, t] = t+k+1 < s and segment(t+k+1) == segment(t) (`shift`: natural order, or the
+    context-parallel layout's `horizon.parallel.context.zigzag_shift_left`)."""
+    seg = jnp.zeros(tokens.shape, jnp.int32) if segment_ids is None else segment_ids
+    return jnp.stack([shift(seg, k + 1, fill=-1) == seg for k in range(1, depth + 1)])
 
 
-def _shift_left(x: jax.Array, k: int, fill=0) -> jax.Array:
-    """x[:, t+k] at position t, padded with `fill` past the end."""
-    pad = jnp.full((x.shape[0], min(k, x.shape[1])) + x.shape[2:], fill, x.dtype)
-    return jnp.concatenate([x[:, k:], pad], axis=1)[:, : x.shape[1]]
-
-
-def mtp_logits(
+def mtp_hidden(
     params: dict,
     hidden: Float[Array, "b s embed"],
     tokens: Int[Array, "b s"],
@@ -62,8 +52,10 @@ def mtp_logits(
     positions: Int[Array, "b s"] | None = None,
     segment_ids: Int[Array, "b s"] | None = None,
     freeze_trunk: bool = False,
-) -> tuple[Float[Array, "depth b s vocab"], Bool[Array, "depth b s"]]:
-    """Logits of every MTP depth (float32) and the validity mask (see module docstring)."""
+    shift=lm_loss.shift_left,
+) -> tuple[Float[Array, "depth b s embed"], Bool[Array, "depth b s"]]:
+    """Every MTP depth's hidden state ``h^k`` (before its ``head_norm``) and the validity mask
+    (module docstring); `mtp_loss` applies the shared head to them in chunks."""
     c = transformer.model_cfg(cfg)
     if "mtp" not in params:
         raise ValueError("params have no 'mtp' modules (cfg.mtp_depth == 0?)")
@@ -71,41 +63,47 @@ def mtp_logits(
     if positions is None:
         positions = transformer.default_positions(tokens, segment_ids)
     seg = jnp.zeros(tokens.shape, jnp.int32) if segment_ids is None else segment_ids
-    shared = {name: params[name] for name in ("embed", "lm_head") if name in params}
-    if freeze_trunk:
-        hidden = jax.lax.stop_gradient(hidden)
-        shared = jax.lax.stop_gradient(shared)
+    embed = jax.lax.stop_gradient(params["embed"]) if freeze_trunk else params["embed"]
     dt = layers.dtype_of(c.dtype)
     kind = transformer.block_kind(c)
-    h = hidden.astype(dt)
+    h = (jax.lax.stop_gradient(hidden) if freeze_trunk else hidden).astype(dt)
     outs = []
     for k in range(1, K + 1):
         p = jax.tree.map(lambda a, k=k: a[k - 1], params["mtp"])
-        e = layers.embed(shared["embed"], _shift_left(tokens, k), dt)
+        e = layers.embed(embed, shift(tokens, k, fill=0), dt)
         z = jnp.concatenate([layers.rms_norm(p["enorm"], e, c.rms_norm_eps),
                              layers.rms_norm(p["hnorm"], h, c.rms_norm_eps)], axis=-1)
         h = z @ p["proj"].astype(dt)
         h, _ = transformer.block(p["block"], h, positions, seg, cfg=c, kind=kind)
-        outs.append(transformer.lm_logits({**shared, "final_norm": p["head_norm"]}, h, cfg=c))
-    return jnp.stack(outs), mtp_valid_mask(tokens, K, segment_ids)
+        outs.append(h)
+    return jnp.stack(outs), mtp_valid_mask(tokens, K, segment_ids, shift=shift)
 
 
 def mtp_loss(
-    main_logits: Float[Array, "b s vocab"],
-    mtp_logits: Float[Array, "depth b s vocab"],
+    params: dict,
+    hidden: Float[Array, "b s embed"],
+    mtp_h: Float[Array, "depth b s embed"],
     mask: Bool[Array, "depth b s"],
+    *,
+    cfg,
+    freeze_trunk: bool = False,
+    shift=lm_loss.shift_left,
 ) -> tuple[Float[Array, ""], Float[Array, " depth"]]:
-    """Self-distillation KL (stop-gradient target = main head at position t+k). Returns (loss, per-depth).
+    """Self-distillation KL (stop-gradient target = the main head at position t+k on the main
+    `hidden`; student = the shared head after depth k's ``head_norm`` on `mtp_h`, `mtp_hidden`'s).
+    Returns (loss, per-depth). Chunked by ``model.head_chunk`` (`head.token_kl`): neither the main
+    nor the MTP logits exist whole. With `freeze_trunk` the shared head gets no gradient.
 
-    `mask` is `mtp_logits`' validity mask, optionally AND-ed with a loss mask by the caller.
+    `mask` is `mtp_hidden`'s validity mask, optionally AND-ed with a loss mask by the caller.
     """
-    K = mtp_logits.shape[0]
+    main = head.head_params(params)
+    shared = {k: v for k, v in main.items() if k != "final_norm"}
+    if freeze_trunk:
+        shared = jax.lax.stop_gradient(shared)
     per_depth = []
-    for k in range(1, K + 1):
-        target = jax.lax.stop_gradient(_shift_left(main_logits.astype(jnp.float32), k))
-        logp = jax.nn.log_softmax(target, axis=-1)
-        logq = jax.nn.log_softmax(mtp_logits[k - 1].astype(jnp.float32), axis=-1)
-        kl = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
+    for k in range(1, mtp_h.shape[0] + 1):
+        student = {**shared, "final_norm": params["mtp"]["head_norm"][k - 1]}
+        kl = head.token_kl(main, shift(hidden, k, fill=0), student, mtp_h[k - 1], cfg=cfg)
         m = mask[k - 1].astype(jnp.float32)
         per_depth.append(jnp.sum(kl * m) / jnp.maximum(m.sum(), 1.0))
     per_depth = jnp.stack(per_depth)

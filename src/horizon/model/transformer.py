@@ -5,8 +5,9 @@ Each block (pre-norm residual)::
     h = x + MLA(RMSNorm(x));   x' = h + FFN(RMSNorm(h))      # FFN = SwiGLU (first_k_dense layers) or MoE
 
 The first ``first_k_dense`` layers are dense, the rest MoE (all dense if ``num_experts == 0``). Both
-groups are stacked along a leading layer axis and run with `jax.lax.scan`. Logits are float32;
-``aux["hidden"]`` is the last hidden state *before* ``final_norm`` (what MTP consumes).
+groups are stacked along a leading layer axis and run with `jax.lax.scan`. `hidden_states` is the
+trunk (the last hidden state *before* ``final_norm``: what MTP and the chunked head of
+`horizon.model.head` consume); `forward` adds the head's float32 logits.
 
 All functions take the model config (``cfg.model``; a full config with a ``model`` field is accepted).
 """
@@ -62,6 +63,8 @@ def validate_config(cfg) -> None:
         need(c.get("grouped_impl", "auto") in grouped.IMPLS,
              f"grouped_impl={c.get('grouped_impl')!r} is unknown (one of {grouped.IMPLS})")
     need(c.mtp_depth >= 0, f"mtp_depth must be >= 0, got {c.mtp_depth}")
+    hc = c.get("head_chunk", 0)
+    need(isinstance(hc, int) and hc >= 0, f"head_chunk must be an int >= 0 (0 = full logits), got {hc!r}")
     need(c.rope_scaling.type in rope.ROPE_TYPES,
          f"rope_scaling.type={c.rope_scaling.type!r} must be in {rope.ROPE_TYPES}")
     if c.rope_scaling.type == "yarn":
@@ -254,7 +257,7 @@ def _maybe_remat(step, c):
     return jax.checkpoint(step) if bool(c.get("remat", False)) else step
 
 
-def forward(
+def hidden_states(
     params: dict,
     tokens: Int[Array, "batch seq"],
     *,
@@ -262,13 +265,14 @@ def forward(
     positions: Int[Array, "batch seq"] | None = None,
     segment_ids: Int[Array, "batch seq"] | None = None,
     replay_indices: Int[Array, "moe_layers tokens k"] | None = None,
-) -> tuple[Float[Array, "batch seq vocab"], dict]:
-    """Training forward over (packed) sequences.
+) -> tuple[Float[Array, "batch seq embed"], dict]:
+    """The trunk of the training forward over (packed) sequences: the last hidden state before
+    ``final_norm`` [b, s, D], and aux with ``router_indices`` int32 [L_moe, b*s, k] and ``router_load``
+    float32 [L_moe, E]. The training losses apply the head to it in chunks (`horizon.model.head`).
 
-    Returns float32 logits and aux with ``router_indices`` int32 [L_moe, b*s, k], ``router_load``
-    float32 [L_moe, E] and ``hidden`` [b, s, D] (before final_norm). `positions` default to 0..s-1
-    restarting at each segment; `segment_ids` default to one segment per row. `replay_indices`
-    overrides routing per MoE layer and token (rows containing -1 are not replayed; `horizon.model.moe`).
+    `positions` default to 0..s-1 restarting at each segment; `segment_ids` default to one segment
+    per row. `replay_indices` overrides routing per MoE layer and token (rows containing -1 are not
+    replayed; `horizon.model.moe`).
     """
     c = model_cfg(cfg)
     validate_config(c)
@@ -294,8 +298,23 @@ def forward(
         x, stats = jax.lax.scan(_maybe_remat(moe_step, c), x, (params["moe"], replay_indices))
     else:
         stats = _empty_stats(c, b * s)
-    logits = lm_logits(params, x, cfg=c)
-    return logits, {"router_indices": stats["indices"], "router_load": stats["load"], "hidden": x}
+    return x, {"router_indices": stats["indices"], "router_load": stats["load"]}
+
+
+def forward(
+    params: dict,
+    tokens: Int[Array, "batch seq"],
+    *,
+    cfg,
+    positions: Int[Array, "batch seq"] | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    replay_indices: Int[Array, "moe_layers tokens k"] | None = None,
+) -> tuple[Float[Array, "batch seq vocab"], dict]:
+    """`hidden_states` + `lm_logits`: float32 logits [b, s, V] (sampling, eval, tests), and aux as
+    `hidden_states`' plus ``hidden`` [b, s, D] (before final_norm)."""
+    x, aux = hidden_states(params, tokens, cfg=cfg, positions=positions, segment_ids=segment_ids,
+                           replay_indices=replay_indices)
+    return lm_logits(params, x, cfg=cfg), {**aux, "hidden": x}
 
 
 def init_cache(cfg, batch: int, max_len: int) -> dict:

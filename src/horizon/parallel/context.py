@@ -17,8 +17,9 @@ Attention (`cp_attention`, selected by ``cfg.model.attention_impl = "context_par
 2. ``all_gather`` of the LATENTS (+ segment ids) over ``context`` (the only collective);
 3. the query projection (independent of the gather: the scheduler may overlap them);
 4. the KV up-projection ``wkv_b`` applied locally to the gathered latents (replicated compute);
-5. scores against all S keys with the mask ``key_index <= query_index`` on the TRUE (natural-order)
-   sequence indices of the zigzag layout, and ``same segment`` for packed rows.
+5. blockwise attention (`horizon.model.blockwise`) of the local queries over all S keys, visible iff
+   ``key_index <= query_index`` on the TRUE (natural-order) sequence indices of the zigzag layout and
+   ``same segment`` for packed rows; the rank's early chunk skips the key blocks after it.
 
 What the compiled HLO shows (XLA:CPU, tests/parallel/test_context.py checks it): exactly one
 all-gather per attention layer, whose operand is ``[b_local, S/CP, Rkv + r]`` (the latents), plus an
@@ -67,10 +68,22 @@ def zigzag_unpermute(x: Array, cp: int, axis: int = 1) -> Array:
     return jnp.take(x, jnp.asarray(inv), axis=axis)
 
 
+def zigzag_shift_left(x: Array, k: int, cp: int, fill=0) -> Array:
+    """On a zigzag-laid-out ``[b, S, ...]`` array: the value of natural position ``n + k`` at the slot of
+    natural position n (`fill` past the end), i.e. ``zigzag_permute(shift_left(zigzag_unpermute(x), k))``
+    as one static gather. What MTP's natural-order shifts become under CP (`horizon.model.mtp`)."""
+    S = x.shape[1]
+    idx = zigzag_indices(S, cp)
+    src = idx + k
+    slots = np.argsort(idx)[np.minimum(src, S - 1)]
+    ok = jnp.asarray(src < S).reshape((1, S) + (1,) * (x.ndim - 2))
+    return jnp.where(ok, jnp.take(x, jnp.asarray(slots), axis=1), jnp.asarray(fill, x.dtype))
+
+
 def _local_attention(p, x, positions, segment_ids, seq_index, all_index, *, cfg):
     """Body on one device: x [b, s_l, D] in zigzag layout; all_index [S] true index of every slot.
     The local latent (the small [Rkv + r] vector per token) is all-gathered over ``context``, then
-    `mla.core_attention` runs the local queries over it with the causal mask on true indices."""
+    `mla.core_attention` runs the local queries over it, causal on true indices."""
     tables = rope.rope_tables(cfg)
     R = cfg.kv_lora_rank
     c, k_rope = mla.kv_latent(p, x, positions, cfg, tables)
@@ -78,10 +91,11 @@ def _local_attention(p, x, positions, segment_ids, seq_index, all_index, *, cfg)
     lat_all = jax.lax.all_gather(latent, pmesh.SEQ_AXIS, axis=1, tiled=True)  # [b, S, Rkv + r]
     seg_all = jax.lax.all_gather(segment_ids, pmesh.SEQ_AXIS, axis=1, tiled=True)
     q_nope, q_rope = mla.queries(p, x, positions, cfg, tables)          # overlappable with the gather
-    causal = all_index[None, :] <= seq_index[:, None]                  # [s_l, S] on true indices
-    same_seg = segment_ids[:, :, None] == seg_all[:, None, :]
-    mask = (causal[None] & same_seg)[:, None]
-    return mla.core_attention(p, q_nope, q_rope, lat_all[..., :R], lat_all[..., R:], mask, cfg=cfg)
+    b = x.shape[0]
+    q_index = jnp.broadcast_to(seq_index, (b, seq_index.shape[0]))      # causal on true indices
+    kv_index = jnp.broadcast_to(all_index, (b, all_index.shape[0]))
+    return mla.core_attention(p, q_nope, q_rope, lat_all[..., :R], lat_all[..., R:], q_index, kv_index,
+                              segment_ids, seg_all, cfg=cfg)
 
 
 def cp_attention(

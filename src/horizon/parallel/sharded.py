@@ -6,10 +6,11 @@ when the model has experts and ``expert > 1`` or ``context > 1`` (the EP block k
 local to each device's tokens; with ``expert == 1`` it does no all-to-all).
 
 LM step with CP (`horizon.train.lm.make_train_step`, `mesh_losses`): the batch arrives in natural order,
-sharded over the batch axes; inside the jitted step the next-token targets and weights are computed in natural
-order (`loss.next_token_targets`), then tokens, positions, segment ids, targets and weights are permuted to
-the zigzag layout and constrained to ``P(batch, context)``; the model runs in that layout and the token-sum
-loss is permutation invariant. MTP needs natural-order shifts and is refused with CP > 1.
+sharded over the batch axes; inside the jitted step tokens, positions, segment ids and the loss mask are
+permuted to the zigzag layout and constrained to ``P(batch, context)``; the model runs in that layout, the
+next-token targets and MTP's shifted tokens / teacher states come from `context.zigzag_shift_left` (the
+natural-order shift as one static gather on true positions), and the token-sum losses are permutation
+invariant, so MTP co-trains under CP.
 
 RL step (`horizon.rl.algo.trainer.train_step` with a mesh, from ``configure(cfg, cp_layout="natural")``
 and `state_shardings`): its loss shifts logits in natural order, so with CP it runs the model with
@@ -63,8 +64,6 @@ def configure(cfg: ml_collections.ConfigDict, *, cp_layout: str = "zigzag") -> m
         c.model.ep_dispatch = str(m.get("ep_dispatch", "padded"))
         c.model.ep_payload = str(m.get("ep_payload", "compute"))
         c.model.ep_microbatches = int(m.get("ep_microbatches", 1))
-    if sizes["context"] > 1 and cp_layout == "zigzag" and c.model.mtp_depth > 0:
-        raise ValueError("MTP with context parallelism (zigzag layout) is not supported: mtp needs natural order")
     return c
 
 

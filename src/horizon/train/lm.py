@@ -1,6 +1,7 @@
 """Language-model training state and the pure, jittable train / eval steps (docs/SPEC.md §8).
 
-One step: forward over packed rows -> next-token CE on masked, same-segment targets
+One step: trunk over packed rows -> next-token CE on masked, same-segment targets (the LM head
+over token chunks, `horizon.model.head`)
 (+ optional MTP self-distillation, `cfg.model.mtp_depth > 0`) -> grads -> AdamW on the
 trainable leaves -> aux-loss-free router-bias update from this batch's router load
 (after the optimizer step, DeepSeek-V3 §2.1.2). Given the same state and batch the
@@ -24,8 +25,8 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
 from horizon.data.tokenizer import validate_tokenizer
+from horizon.model import head, moe, mtp, transformer
 from horizon.model import loss as lm_loss
-from horizon.model import moe, mtp, transformer
 from horizon.parallel import context, sharded
 from horizon.parallel import mesh as pmesh
 from horizon.train import optim
@@ -102,26 +103,26 @@ def init_state(key: jax.Array, cfg: ml_collections.ConfigDict) -> TrainState:
     return jax.jit(partial(_init_state, cfg=cfg))(key)
 
 
-def _shift_left(x: Array, k: int) -> Array:
-    pad = jnp.zeros((x.shape[0], min(k, x.shape[1])), x.dtype)
-    return jnp.concatenate([x[:, k:], pad], axis=1)[:, : x.shape[1]]
-
-
-def losses(params: Any, batch: Batch, *, cfg: ml_collections.ConfigDict) -> tuple[Float[Array, ""], dict]:
-    """(objective, aux): objective = CE (+ mtp_loss_weight * MTP KL); aux has metrics and router_load."""
+def losses(params: Any, batch: Batch, *, cfg: ml_collections.ConfigDict,
+           shift=lm_loss.shift_left) -> tuple[Float[Array, ""], dict]:
+    """(objective, aux): objective = CE (+ mtp_loss_weight * MTP KL); aux has metrics and router_load.
+    The head runs over token chunks (`horizon.model.head`): no [b, s, vocab] logits. `shift` is the
+    next-position shift of the batch's layout (`mesh_losses` passes the zigzag one under CP)."""
     tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
     mask = batch["mask"]
-    logits, aux = transformer.forward(params, tokens, cfg=cfg.model, positions=pos, segment_ids=seg)
-    ce, count = lm_loss.next_token_loss(logits, tokens, mask=mask, segment_ids=seg)
+    hidden, aux = transformer.hidden_states(params, tokens, cfg=cfg.model, positions=pos, segment_ids=seg)
+    tgt, tw = lm_loss.next_token_targets(tokens, mask, seg, shift=shift)
+    ce, count = lm_loss.mean_nll(head.token_logprobs(params, hidden, tgt, cfg=cfg.model)[0], tw)
     out = {"loss": ce, "tokens": count, "router_load": aux["router_load"]}
     objective = ce
     if cfg.model.mtp_depth > 0:
         freeze = bool(cfg.train.mtp_freeze_trunk)
-        m_logits, valid = mtp.mtp_logits(params, aux["hidden"], tokens, cfg=cfg.model, positions=pos,
-                                         segment_ids=seg, freeze_trunk=freeze)
+        m_hidden, valid = mtp.mtp_hidden(params, hidden, tokens, cfg=cfg.model, positions=pos,
+                                         segment_ids=seg, freeze_trunk=freeze, shift=shift)
         # depth k at position t predicts token t+k+1: it must be a loss-bearing token too.
-        target_ok = jnp.stack([_shift_left(mask, k + 1) > 0 for k in range(1, valid.shape[0] + 1)])
-        m_loss, per_depth = mtp.mtp_loss(logits, m_logits, valid & target_ok)
+        target_ok = jnp.stack([shift(mask, k + 1, fill=0) > 0 for k in range(1, valid.shape[0] + 1)])
+        m_loss, per_depth = mtp.mtp_loss(params, hidden, m_hidden, valid & target_ok, cfg=cfg.model,
+                                         freeze_trunk=freeze, shift=shift)
         out["mtp_loss"] = m_loss
         out["mtp_loss_per_depth"] = per_depth
         w = cfg.train.mtp_loss_weight
@@ -195,24 +196,18 @@ def evaluate(eval_fn, params: Any, batches: list[Batch]) -> dict[str, float]:
 
 def mesh_losses(params: Any, batch: Batch, *, cfg, mesh) -> tuple[jax.Array, dict]:
     """`losses` for a configured cfg (`sharded.configure`) (the `loss_fn` of `train_step` / `eval_step` on a
-    mesh); with CP the model runs in the zigzag layout."""
+    mesh); with CP the batch is permuted to the zigzag layout and `losses` runs there with the layout's
+    shift (`context.zigzag_shift_left`: next-token targets and MTP's shifts on true positions)."""
     cp = sharded.cp_size(cfg)
     if cp == 1:
         return losses(params, batch, cfg=cfg)
-    tokens, seg, pos, mask = batch["tokens"], batch["segment_ids"], batch["positions"], batch["mask"]
-    S = tokens.shape[1]
+    S = batch["tokens"].shape[1]
     if S % (2 * cp):
         raise ValueError(f"seq_len {S} must be divisible by 2*context={2 * cp} for the zigzag layout")
-    tgt, w = lm_loss.next_token_targets(tokens, mask, seg)
     sh = NamedSharding(mesh, P(pmesh.BATCH_AXES, pmesh.SEQ_AXIS))
-    zz = [jax.lax.with_sharding_constraint(context.zigzag_permute(a, cp), sh) for a in (tokens, seg, pos, tgt, w)]
-    tokens_z, seg_z, pos_z, tgt_z, w_z = zz
-    logits, aux = transformer.forward(params, tokens_z, cfg=cfg.model, positions=pos_z, segment_ids=seg_z)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, tgt_z[..., None], axis=-1)[..., 0]
-    count = w_z.sum()
-    ce = jnp.sum(nll * w_z) / jnp.maximum(count, 1.0)
-    return ce, {"loss": ce, "tokens": count, "router_load": aux["router_load"]}
+    zz = {k: jax.lax.with_sharding_constraint(context.zigzag_permute(batch[k], cp), sh)
+          for k in ("tokens", "segment_ids", "positions", "mask")}
+    return losses(params, zz, cfg=cfg, shift=partial(context.zigzag_shift_left, cp=cp))
 
 
 def make_train_step(cfg, mesh, state_shapes: TrainState, *, with_grads: bool = False):

@@ -9,7 +9,8 @@ One step on a batch from `horizon.rl.algo.batch.build_batch`:
    (The two-pass fill exists because `moe.route` has no per-token "no replay" marker.)
 2. Token log-probs of the targets at temperature 1: ``logp[:, t] = log_softmax(logits[:, t-1])
    [tokens[:, t]]`` (column 0 = 0, never masked in) — the same quantity the sampler
-   records, so the importance ratio compares like with like.
+   records, so the importance ratio compares like with like. The head runs over token chunks
+   from the trunk's hidden states (`policy_logprobs`, `horizon.model.head`): no full logits.
 3. `losses.policy_gradient_loss` with the `c.rl` options (`losses.loss_config`); the
    reference policy (if any) runs with its own routing, detached. With ``loss_agg ==
    "token_sum"`` and no explicit ``token_sum_norm`` the loss is divided by the number of *real*
@@ -52,7 +53,7 @@ import ml_collections
 import optax
 from jaxtyping import Array, Bool, Float, Int
 
-from horizon.model import moe, transformer
+from horizon.model import head, moe, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
 from horizon.rl.algo import losses
@@ -124,20 +125,34 @@ def batch_shardings(batch: dict, mesh) -> dict:
 def token_logprobs(
     logits: Float[Array, "r s v"], tokens: Int[Array, "r s"]
 ) -> tuple[Float[Array, "r s"], Float[Array, "r s"]]:
-    """(log-prob of token t under logits[t-1], entropy of that distribution); column 0 is 0."""
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    tgt = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-    pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
-    return jnp.concatenate([pad, tgt], axis=1), jnp.concatenate([pad, ent], axis=1)
+    """(log-prob of token t under logits[t-1], entropy of that distribution); column 0 is 0. The
+    full-logits form of `policy_logprobs` (tests and checks that have logits)."""
+    tgt, ent = head.logit_stats(logits[:, :-1], tokens[:, 1:])
+    return _shift_right(tgt), _shift_right(ent)
+
+
+def policy_logprobs(
+    params, hidden: Float[Array, "r s d"], tokens: Int[Array, "r s"], *, cfg
+) -> tuple[Float[Array, "r s"], Float[Array, "r s"]]:
+    """`token_logprobs` from the trunk's `hidden` states (`transformer.hidden_states`): token t under
+    the head at t-1, over token chunks (`horizon.model.head`), no [rows, seq, vocab] logits."""
+    tgt = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    lp, ent = head.token_logprobs(params, hidden, tgt, cfg=cfg.model)
+    return _shift_right(lp[:, :-1]), _shift_right(ent[:, :-1])
+
+
+def _shift_right(x: Array) -> Array:
+    """[r, s-1] values of tokens 1..s-1 -> [r, s] with column 0 = 0."""
+    return jnp.concatenate([jnp.zeros((x.shape[0], 1), jnp.float32), x.astype(jnp.float32)], axis=1)
 
 
 def fill_replay(params, tokens, replay, *, cfg):
-    """Replace -1 entries (tokens with no recorded experts) by the router's own top-k choice."""
+    """Replace -1 entries (tokens with no recorded experts) by the router's own top-k choice (the
+    trunk only: routing needs no head)."""
     if replay is None or replay.shape[0] == 0:
         return replay
     has = jnp.all(replay >= 0, axis=-1, keepdims=True)
-    _, aux = transformer.forward(jax.lax.stop_gradient(params), tokens, cfg=cfg.model)
+    _, aux = transformer.hidden_states(jax.lax.stop_gradient(params), tokens, cfg=cfg.model)
     return jnp.where(has, replay, aux["router_indices"]).astype(jnp.int32)
 
 
@@ -148,12 +163,21 @@ def masked_router_load(indices: Int[Array, "l t k"], valid: Float[Array, " t"], 
 
 
 def loss_from_logits(logits, batch, *, cfg, ref_logits=None):
-    """The RL loss given trainer logits (split out so tests can differentiate w.r.t. logits)."""
-    rl = cfg.rl
+    """The RL loss given trainer logits (tests differentiate it w.r.t. logits); the step itself runs
+    `loss_from_logprobs` on the chunked head's log-probs (`rl_loss`)."""
     lp, ent = token_logprobs(logits, batch["tokens"])
-    ref_lp = None
-    if ref_logits is not None:
-        ref_lp = jax.lax.stop_gradient(token_logprobs(ref_logits, batch["tokens"])[0])
+    ref_lp = None if ref_logits is None else token_logprobs(ref_logits, batch["tokens"])[0]
+    return loss_from_logprobs(lp, ent, batch, cfg=cfg, ref_logprobs=ref_lp)
+
+
+def loss_from_logprobs(
+    lp: Float[Array, "r s"], ent: Float[Array, "r s"], batch: dict, *, cfg,
+    ref_logprobs: Float[Array, "r s"] | None = None,
+) -> tuple[Float[Array, ""], dict]:
+    """The RL loss given the policy's token log-probs and entropies (`policy_logprobs`) and the
+    reference's log-probs (detached here; None: no KL). Returns (loss, metrics)."""
+    rl = cfg.rl
+    ref_lp = None if ref_logprobs is None else jax.lax.stop_gradient(ref_logprobs)
     lc = losses.loss_config(rl)
     if ref_lp is None:
         lc = dataclasses.replace(lc, kl_coef=0.0)
@@ -176,12 +200,18 @@ def loss_from_logits(logits, batch, *, cfg, ref_logits=None):
 
 
 def rl_loss(params, batch, *, cfg, ref_params=None, replay=None):
-    """Forward (with replay indices if given) + `loss_from_logits`. Returns (loss, (metrics, aux))."""
-    logits, aux = transformer.forward(params, batch["tokens"], cfg=cfg.model, replay_indices=replay)
-    ref_logits = None
+    """Trunk (with replay indices if given), the head's log-probs and entropies over token chunks,
+    the reference's log-probs (its own routing, detached), then `loss_from_logprobs`. No full
+    logits. Returns (loss, (metrics, aux))."""
+    tokens = batch["tokens"]
+    hidden, aux = transformer.hidden_states(params, tokens, cfg=cfg.model, replay_indices=replay)
+    lp, ent = policy_logprobs(params, hidden, tokens, cfg=cfg)
+    ref_lp = None
     if ref_params is not None:  # init_state keeps one only when kl_coef > 0
-        ref_logits, _ = transformer.forward(jax.lax.stop_gradient(ref_params), batch["tokens"], cfg=cfg.model)
-    loss, m = loss_from_logits(logits, batch, cfg=cfg, ref_logits=ref_logits)
+        ref = jax.lax.stop_gradient(ref_params)
+        ref_hidden, _ = transformer.hidden_states(ref, tokens, cfg=cfg.model)
+        ref_lp = policy_logprobs(ref, ref_hidden, tokens, cfg=cfg)[0]
+    loss, m = loss_from_logprobs(lp, ent, batch, cfg=cfg, ref_logprobs=ref_lp)
     return loss, (m, aux)
 
 
@@ -208,7 +238,7 @@ def _loss_grads_load(params, ref_params, batch: dict, *, cfg):
 
 
 def microbatch_weights(batch: dict, *, cfg) -> Float[Array, " m"]:
-    """Each micro-batch's share of the whole batch's loss. `loss_from_logits` normalises a
+    """Each micro-batch's share of the whole batch's loss. `loss_from_logprobs` normalises a
     micro-batch by its own count (real rows for "token_sum" without an explicit norm, masked
     tokens for "token_mean", non-empty rows for "seq_mean"); weighting by count / total turns
     that into the whole batch's normalisation, so the accumulated gradient equals the

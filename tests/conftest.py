@@ -4,6 +4,7 @@
 
 import os
 import pathlib
+import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -73,17 +74,27 @@ def wandb_runs():
     that `horizon.utils.tracking.MetricsWriter` left in out_dir/wandb."""
     import json
 
+    def parse(f):
+        name, group, rows = None, None, []
+        for r in _wandb_records(f):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                name, group = r.run.display_name, r.run.run_group
+            elif kind == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item})
+        return name, group, rows
+
     def read(out_dir):
         runs = []
         for f in sorted(pathlib.Path(out_dir).glob("wandb/offline-run-*/run-*.wandb")):
-            name, group, rows = None, None, []
-            for r in _wandb_records(f):
-                kind = r.WhichOneof("record_type")
-                if kind == "run":
-                    name, group = r.run.display_name, r.run.run_group
-                elif kind == "history":
-                    rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item})
-            runs.append((name, group, rows))
+            # W&B's service process writes the log; on a loaded machine its run record has been seen
+            # land after `finish()` returned, so wait for it (bounded) rather than read a partial file.
+            deadline = time.monotonic() + 60
+            run = parse(f)
+            while run[0] is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                run = parse(f)
+            runs.append(run)
         return runs
     return read
 

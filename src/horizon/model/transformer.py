@@ -252,8 +252,8 @@ def _check_replay(replay_indices, n_moe: int, T: int, c) -> None:
 
 def _maybe_remat(step, c):
     """`step` (one scanned layer) under `jax.checkpoint` when `model.remat` is on: the backward
-    pass recomputes the layer's activations from its input instead of keeping them (attention
-    scores are [rows, heads, seq, seq]), ~one extra forward for a per-layer activation footprint."""
+    pass recomputes the layer's activations from its input instead of keeping them (the per-head
+    keys, values and MoE rows of every layer), ~one extra forward for a per-layer activation footprint."""
     return jax.checkpoint(step) if bool(c.get("remat", False)) else step
 
 

@@ -8,11 +8,11 @@ The short stage trains at 128 tokens with synthetic passkey documents mixed in; 
 stage (short model, its own RoPE and the long stage's YaRN) and after it. Sized for under half an
 hour on a 2-core CPU.
 
-The passkey mix is easier than the defaults (5-digit keys, loss on every token) and denser than a
-few percent of the documents: from those this tiny model stays at chance within the budget (it
-learns to read a 5-digit key back only slowly even from passkey documents alone). Two digits, 20%
-of the documents and the loss on the answer only (the filler is trivial, the stated key is noise)
-make the short stage's 1x accuracy clearly above chance (1/90).
+The passkey mix is easier and louder than the defaults (5-digit keys, loss on every token, a few
+percent of the documents): from those this tiny model stays at chance within the budget, and even
+with the answer-only loss the moment retrieval appears varies from run to run. Two digits, 20% of
+the documents, the loss on the answer only (the filler is trivial, the stated key is noise) and the
+answer's targets weighted 10x make the short stage read the key back well above chance (1/90).
 """
 
 import ml_collections
@@ -29,8 +29,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.passkey_fraction = 0.2     # of the training documents (horizon.data.passkey); see the docstring
     c.data.passkey_len = 0            # 0 = data.seq_len
     c.data.passkey_digits = 2
-    c.data.passkey_loss = "answer"    # loss on the key read back only
-    c.train.steps = 4000
+    c.data.passkey_loss = "answer"    # loss on the key read back only ...
+    c.data.passkey_answer_weight = 10.0   # ... weighted 10x against the code tokens
+    c.train.steps = 3000
     c.train.warmup_steps = 100
     c.train.eval_every = 500
     c.train.checkpoint_every = 500

@@ -76,11 +76,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.worker_count = 0
     # Synthetic passkey documents in the training split (horizon.data.passkey, docs/SPEC.md §8): this fraction of the
     # training documents, each `passkey_len` tokens (0 = data.seq_len) with a key of `passkey_digits` digits; loss on
-    # "all" their tokens or only on the "answer" (the key read back at the end)
+    # "all" their tokens or only on the "answer" (the key read back at the end), whose targets weigh `answer_weight`
     c.data.passkey_fraction = 0.0
     c.data.passkey_len = 0
     c.data.passkey_digits = 5
     c.data.passkey_loss = "all"
+    c.data.passkey_answer_weight = 1.0
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 300

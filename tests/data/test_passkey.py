@@ -101,6 +101,20 @@ def test_answer_loss_trains_only_the_key_read_back(cfg):
                 seen += 1
                 assert TOK.decode(toks[mask > 0]) == keys[1]          # only the answer's digits
     assert seen > 0 and rows["mask"][rows["segment_ids"] == 0].sum() == 0
+    cfg.data.passkey_loss, cfg.data.passkey_answer_weight = "answer", 4.0
+    heavy = pipeline.packed_rows(cfg, "train")["mask"]
+    np.testing.assert_array_equal(heavy, rows["mask"] * np.where(_answer_positions(rows), 4.0, 1.0))
+
+
+def _answer_positions(rows):
+    """Where the answer tokens of passkey segments lie."""
+    out = np.zeros(rows["tokens"].shape, bool)
+    for r in range(rows["tokens"].shape[0]):
+        seg = rows["segment_ids"][r]
+        for s in range(1, seg.max() + 1):
+            if passkey.parse(TOK.decode(rows["tokens"][r][seg == s])) is not None:
+                out[r] |= (seg == s) & (rows["mask"][r] > 0)
+    return out
 
 
 def test_passkey_fields_are_checked(cfg):

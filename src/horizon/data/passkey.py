@@ -44,13 +44,14 @@ class PasskeyDoc:
     def answer(self) -> slice:
         return slice(self.answer_start, self.answer_start + self.answer_len)
 
-    def loss_mask(self, loss: str = "all") -> Float[np.ndarray, " n"]:
-        """Which tokens are targets: every one (``"all"``) or only the answer (``"answer"``: no loss on
-        the filler, nor on the stated key, whose digits are noise until it is read back)."""
+    def loss_mask(self, loss: str = "all", answer_weight: float = 1.0) -> Float[np.ndarray, " n"]:
+        """Target weights: every token (``"all"``) or only the answer (``"answer"``: no loss on the
+        filler, nor on the stated key, whose digits are noise until it is read back); the answer's
+        tokens weigh `answer_weight` (the loss is a weighted mean over targets)."""
         if loss not in LOSSES:
             raise ValueError(f"passkey loss must be one of {LOSSES}, got {loss!r}")
         m = np.ones(len(self.tokens), np.float32) if loss == "all" else np.zeros(len(self.tokens), np.float32)
-        m[self.answer] = 1.0
+        m[self.answer] = answer_weight
         return m
 
     @property
@@ -119,7 +120,7 @@ def mix_count(n_docs: int, fraction: float) -> int:
 
 
 def validate_passkey_config(d, tok) -> None:
-    """`data.passkey_fraction` / `passkey_len` / `passkey_digits` / `passkey_loss` (configs/tiny.py) with `tok`:
+    """`data.passkey_*` (configs/tiny.py) with tokenizer `tok`:
     `ConfigError` naming the field, before any work; a config without them mixes in nothing."""
     if "passkey_fraction" not in d:
         return
@@ -127,6 +128,8 @@ def validate_passkey_config(d, tok) -> None:
     need(f < 1.0, "data.passkey_fraction", f, "must be < 1 (a fraction of the training documents)")
     digits = need_int(d, "passkey_digits", "data", lo=1, hi=18)
     need(d.get("passkey_loss", "all") in LOSSES, "data.passkey_loss", d.get("passkey_loss"), f"must be one of {LOSSES}")
+    if "passkey_answer_weight" in d:
+        need_float(d, "passkey_answer_weight", "data", 0.0, lo_open=True)
     n = need_int(d, "passkey_len", "data", lo=0) or int(d.seq_len)
     need(n <= int(d.seq_len), "data.passkey_len", d.passkey_len, f"must be <= data.seq_len={d.seq_len} (0 = it)")
     if f > 0:

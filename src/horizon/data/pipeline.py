@@ -63,17 +63,18 @@ def mix_passkeys(pieces: list[np.ndarray], cfg: ml_collections.ConfigDict
                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(sequences, their loss masks): `pieces` with passkey documents (`horizon.data.passkey`) making
     `data.passkey_fraction` of the result, each at a seeded position (the pieces keep their order); a
-    piece's mask is all ones, a passkey document's `data.passkey_loss` ("all" | "answer")."""
+    piece's mask is all ones, a passkey document's `data.passkey_loss` ("all" | "answer") with its
+    answer weighted `data.passkey_answer_weight`."""
     d = cfg.data
     n = passkey.mix_count(len(pieces), float(d.get("passkey_fraction", 0.0)))
     docs = passkey.passkey_documents(make_tokenizer(cfg), passkey_length(d), n, seed=d.shuffle_seed,
                                      digits=int(d.get("passkey_digits", 5)))
     at = np.sort(np.random.default_rng([passkey.TRAIN_STREAM, d.shuffle_seed]).integers(0, len(pieces) + 1, n))
     seqs, masks = list(pieces), [np.ones(p.size, np.float32) for p in pieces]
-    loss = str(d.get("passkey_loss", "all"))
+    loss, weight = str(d.get("passkey_loss", "all")), float(d.get("passkey_answer_weight", 1.0))
     for j, (i, doc) in enumerate(zip(at, docs)):       # i counts pieces before it; j passkeys already in
         seqs.insert(int(i) + j, doc.tokens)
-        masks.insert(int(i) + j, doc.loss_mask(loss))
+        masks.insert(int(i) + j, doc.loss_mask(loss, weight))
     return seqs, masks
 
 

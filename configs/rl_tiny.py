@@ -211,6 +211,8 @@ def experiment_config() -> ml_collections.ConfigDict:
     e.sandbox_mem = "256m"
     e.sandbox_disk_mb = 256           # per-sandbox disk budget (watchdog; over it the episode ends "resource"); 0 = off
     e.sandbox_replace_attempts = 3    # fresh sandboxes tried when a pooled one fails its reset
+    e.sandbox_executor = "auto"       # docker: "auto" (in-box executor where the image has python3 >= 3.9),
+    #                                   "inbox" (required) or "docker-exec" (one exec per action; docs/SANDBOX.md)
     e.verify_timeout_s = 20.0
     e.plot = True
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)

@@ -154,12 +154,23 @@ def test_eval_harness_reruns_an_episode_whose_sandbox_died():
         run_eval(policy, [task], setup)
 
 
+def _kill_container(box):
+    box.container.kill()
+
+
+def _kill_executor(box):
+    """SIGKILL the box's in-box executor from outside (the container stays up)."""
+    box.container.exec_run(["kill", "-9", str(box._inbox.pid)], user="0:0")
+
+
 class KillingEnv:
     """Delegates to an `ExperimentEnv`; in each step's first generation batch, right after the
-    policy's first call (episodes are mid-flight), `docker kill`s one random container in use."""
+    policy's first call (episodes are mid-flight), `docker kill`s one random container in use
+    (`kill`: or kills its in-box executor)."""
 
-    def __init__(self, env, rng):
+    def __init__(self, env, rng, kill=_kill_container):
         self.env, self.rng, self.kills, self.killed_ids, self.steps_hit = env, rng, 0, set(), set()
+        self.kill = kill
 
     @property
     def counters(self):
@@ -178,7 +189,7 @@ class KillingEnv:
             if not fired:
                 fired.append(1)
                 box = self.env.pool.boxes[int(self.rng.integers(n_used))]
-                t = threading.Thread(target=box.container.kill)
+                t = threading.Thread(target=self.kill, args=(box,))
                 t.start()
                 t.join()
                 self.kills += 1
@@ -192,7 +203,8 @@ class KillingEnv:
 
 
 @pytest.mark.docker
-def test_rl_survives_a_container_killed_every_step(tmp_path):
+@pytest.mark.parametrize("kill", [_kill_container, _kill_executor], ids=["container", "executor"])
+def test_rl_survives_a_container_killed_every_step(tmp_path, kill):
     from horizon.model import transformer
     from horizon.rl.runtime import loop, storage, workers
     from horizon.sandbox import docker_available
@@ -209,7 +221,7 @@ def test_rl_survives_a_container_killed_every_step(tmp_path):
     c.exp.sandbox_disk_mb = 0
     tok = ByteTokenizer(c.model.vocab_size)
     params = transformer.init(run_keys(c.seed)["init"], c.model)
-    env = KillingEnv(workers.family_env(c), np.random.default_rng(0))
+    env = KillingEnv(workers.family_env(c), np.random.default_rng(0), kill)
     store = storage.GroupStore(tmp_path / "groups")
     recs = []
     try:

@@ -128,3 +128,16 @@ def test_close_idempotent_and_context_manager(make):
         sb.exec("true")
     with pytest.raises(SandboxError):
         sb.read_file("/workspace/x")
+
+
+def test_prepare_runs_the_reset_in_the_same_action(sandbox):
+    from horizon.sandbox.base import meter_of
+
+    sandbox.exec("echo stale > ${TMPDIR:-/tmp}/left; echo old > /workspace/f")
+    n = meter_of(sandbox).actions
+    r = sandbox.prepare("printf %s new > /workspace/f && echo reset-out && exit 3", workdir="/")
+    assert meter_of(sandbox).actions == n + 1              # one action: prepare and the reset
+    assert r.exit_code == 3 and r.output == "reset-out\n" and not r.timed_out
+    assert sandbox.read_file("/workspace/f") == b"new"
+    assert sandbox.exec("ls ${TMPDIR:-/tmp}").output == ""   # prepare's cleanup ran first
+    assert sandbox.prepare() is None

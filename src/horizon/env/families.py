@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 from horizon.agent import Episode
 from horizon.sandbox.base import WORKSPACE
@@ -44,6 +45,18 @@ FAMILIES = ("config_edit", "key_recall", "key_relay", "swebench")
 HELDOUT_SEED_BASE = 1 << 30          # swebench: seeds >= this index the held-out file
 
 
+class ResetStep(NamedTuple):
+    """A task's reset: one POSIX shell command, its working directory and time limit. Run alone
+    (`run`) or inside the sandbox's prepare action (`horizon.env.rollouts.SandboxPool.ready`),
+    which bounds it by its own deadline (a reset past it is the box's failure)."""
+    command: str
+    workdir: str
+    timeout: float
+
+    def run(self, sandbox):
+        return sandbox.exec(self.command, timeout=self.timeout, workdir=self.workdir)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
@@ -53,14 +66,27 @@ class Family:
     registry: Callable[[bool], object]                      # strict -> ToolRegistry
     check_edits: bool = True                                # verifier's eager-edit check (answer tasks)
     image_of: Callable[[Task], str] | None = None           # per-task sandbox image (None: the pool's image)
-    reset_fn: Callable | None = None                        # (sandbox, task) -> None; None = synthetic's
+    reset_cmd: Callable[[Task], ResetStep] | None = None    # task -> its reset; None = synthetic's
 
     def tasks(self, split: str, n: int, start: int = 0) -> list[Task]:
         return [self.make_task(s) for s in self.seeds(split, n, start)]
 
+    def reset_step(self, task: Task) -> ResetStep:
+        """The one command that puts a pooled sandbox into `task`'s initial state."""
+        if self.reset_cmd is not None:
+            return self.reset_cmd(task)
+        return ResetStep(synthetic.reset_command(task), "/", synthetic.RESET_TIMEOUT_S)
+
     def reset(self, sandbox, task: Task) -> None:
         """Put a pooled sandbox into `task`'s initial state (one exec)."""
-        (self.reset_fn or synthetic.reset_sandbox)(sandbox, task)
+        check_reset(self.reset_step(task).run(sandbox), task)
+
+
+def check_reset(r, task: Task) -> None:
+    """RuntimeError (the box's failure, not an episode's) unless the reset's ExecResult `r` is clean."""
+    if r.exit_code != 0:
+        name = getattr(task, "id", "a task")
+        raise RuntimeError(f"resetting sandbox for {name} failed (exit {r.exit_code}): {r.output[-300:]}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -68,13 +94,12 @@ def _swebench_tasks(path: str) -> tuple[Task, ...]:
     return tuple(load_swebench(path))
 
 
-def swebench_reset(sandbox, task: Task, timeout: float = 60.0) -> None:
-    """A pooled box of the task's prepared image back to the image's commit (one exec)."""
+def swebench_reset(task: Task, timeout: float = 60.0) -> ResetStep:
+    """A pooled box of the task's prepared image back to the image's commit: git restores the
+    tracked files and removes the rest, nothing is copied (docs/SANDBOX.md "Prepare and reset")."""
     if not task.metadata.get("prepared_image"):
         raise ValueError(f"swebench family: task {task.id} has no prepared image")
-    r = sandbox.exec("git checkout -q -f HEAD -- . && git clean -fdxq", timeout=timeout, workdir=WORKSPACE)
-    if r.exit_code != 0:
-        raise RuntimeError(f"resetting sandbox for {task.id} failed (exit {r.exit_code}): {r.output[-300:]}")
+    return ResetStep("git checkout -q -f HEAD -- . && git clean -fdxq", WORKSPACE, timeout)
 
 
 def swebench_family(t) -> Family:
@@ -94,7 +119,7 @@ def swebench_family(t) -> Family:
     def make(seed):
         return heldout[seed - HELDOUT_SEED_BASE] if seed >= HELDOUT_SEED_BASE else train[seed % len(train)]
     return Family("swebench", "", make, seeds, lambda strict: make_registry(None, strict=strict),
-                  image_of=lambda task: task.image, reset_fn=swebench_reset)
+                  image_of=lambda task: task.image, reset_cmd=swebench_reset)
 
 
 def family_from_config(e) -> Family:

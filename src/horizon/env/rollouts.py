@@ -27,9 +27,9 @@ import numpy as np
 
 from horizon.agent import Segment, run_episodes
 from horizon.env import rewards
-from horizon.env.families import Family, family_from_config, make_episode
+from horizon.env.families import Family, ResetStep, check_reset, family_from_config, make_episode
 from horizon.sandbox import open_sandbox
-from horizon.sandbox.base import SandboxError, SandboxInfraError
+from horizon.sandbox.base import SandboxError, SandboxInfraError, meter_of
 from horizon.sandbox.docker import cleanup_leaked, install_cleanup_hooks
 from horizon.tasks import verify
 
@@ -40,10 +40,10 @@ class SandboxPool:
     replaced by a fresh one (`replace`, at most `replace_attempts` fresh boxes per reset)."""
 
     def __init__(self, n: int, backend: str, *, cpus: float, mem: str, workers: int, image: str,
-                 disk_mb: int = 0, replace_attempts: int = 3):
+                 disk_mb: int = 0, replace_attempts: int = 3, executor: str = "auto"):
         self.workers = int(workers)
         self.replace_attempts = int(replace_attempts)
-        limits = dict(cpus=float(cpus), mem_limit=str(mem)) if backend == "docker" else {}
+        limits = dict(cpus=float(cpus), mem_limit=str(mem), executor=str(executor)) if backend == "docker" else {}
         if int(disk_mb) > 0:
             limits["disk_limit_mb"] = int(disk_mb)
         image = image if backend == "docker" else None
@@ -56,6 +56,7 @@ class SandboxPool:
         self.image = image
         self._open = lambda img=None: open_sandbox(backend, img or image, **limits)
         self.counters = {"sandboxes_replaced": 0, "image_switches": 0}
+        self.ready_use: dict[int, dict] = {}   # box -> sandbox seconds/actions of its last `ready`
         self._lock = threading.Lock()
         with ThreadPoolExecutor(self.workers) as ex:
             self.boxes = list(ex.map(lambda _: self._open(), range(int(n))))
@@ -66,7 +67,8 @@ class SandboxPool:
         e = c.exp
         return cls(int(n or e.pool_size), e.backend, cpus=e.sandbox_cpus, mem=e.sandbox_mem,
                    workers=int(c.agent.num_tool_workers), image=str(e.sandbox_image),
-                   disk_mb=int(e.sandbox_disk_mb), replace_attempts=int(e.sandbox_replace_attempts))
+                   disk_mb=int(e.sandbox_disk_mb), replace_attempts=int(e.sandbox_replace_attempts),
+                   executor=str(e.get("sandbox_executor", "auto")))
 
     def map(self, fn, *its):
         with ThreadPoolExecutor(self.workers) as ex:
@@ -88,22 +90,36 @@ class SandboxPool:
         if why is not None:
             print(f"[pool] sandbox {i} replaced: {why[:200]}", file=sys.stderr, flush=True)
 
-    def ready(self, i: int, reset: Callable, image: str | None = None) -> object:
+    def ready(self, i: int, reset: ResetStep | Callable, image: str | None = None, task=None) -> object:
         """Box `i` made ready for an episode: reopened on `image` if given and different (a family
-        with per-task images), `prepare()` (leftover agent processes killed, health checked), then
-        `reset(box)` (the task's initial state). Any failure there is the box's, not an episode's:
-        it is replaced and the reset retried, up to `replace_attempts` fresh boxes; then
-        `SandboxInfraError` (the engine itself is failing)."""
+        with per-task images), `prepare()` (leftover agent processes killed, health checked) and
+        the task's reset -- a `ResetStep` runs inside prepare's action (one round-trip), a callable
+        `reset(box)` after it. Any failure there is the box's, not an episode's: it is replaced
+        and the reset retried, up to `replace_attempts` fresh boxes; then `SandboxInfraError`
+        (the engine itself is failing). `task` names the task in a failed reset's message."""
         if image is not None and self.image is not None and image != self.images[i]:
             self.replace(i, None, image)
         last = None
+        use = dict(prepare_s=0.0, reset_s=0.0, actions=0)
+        self.ready_use[i] = use
         for attempt in range(self.replace_attempts + 1):
             if attempt:
                 self.replace(i, f"reset failed: {last}")
             box = self.boxes[i]
             try:
-                box.prepare()
-                reset(box)
+                if isinstance(reset, ResetStep):   # one action: its time counts as prepare_s
+                    steps = [("prepare_s", lambda b=box: check_reset(
+                        b.prepare(reset.command, workdir=reset.workdir, timeout=reset.timeout), task))]
+                else:
+                    steps = [("prepare_s", box.prepare), ("reset_s", lambda b=box: reset(b))]
+                for phase, fn in steps:
+                    a0, s0 = meter_of(box).read()
+                    try:
+                        fn()
+                    finally:
+                        a1, s1 = meter_of(box).read()
+                        use[phase] += s1 - s0
+                        use["actions"] += a1 - a0
                 return box
             except (SandboxError, RuntimeError) as e:     # dead container, engine error, failed reset exec
                 last = f"{type(e).__name__}: {e}"
@@ -115,6 +131,17 @@ class SandboxPool:
         except RuntimeError:        # at interpreter exit (atexit) no new threads: one by one
             for b in self.boxes:
                 b.close()
+
+
+SANDBOX_USE_KEYS = ("prepare_s", "reset_s", "tool_s", "verify_s", "actions")   # info keys "sandbox_<k>"
+
+
+def _add_use(used: list[dict], boxes, marks, phase: str) -> None:
+    """Add each box's sandbox seconds and actions since `marks` to `used` under `phase`."""
+    for u, sb, (a0, s0) in zip(used, boxes, marks):
+        a1, s1 = meter_of(sb).read()
+        u[phase] = u.get(phase, 0.0) + s1 - s0
+        u["actions"] = u.get("actions", 0) + a1 - a0
 
 
 def trim_segment(seg: Segment) -> Segment:
@@ -138,10 +165,13 @@ def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
     if len(tasks) > len(pool.boxes):
         raise ValueError(f"{len(tasks)} tasks for a pool of {len(pool.boxes)} sandboxes")
     n = len(tasks)
-    boxes = pool.map(lambda i, t: pool.ready(i, lambda sb: family.reset(sb, t), task_image(family, t)),
+    boxes = pool.map(lambda i, t: pool.ready(i, family.reset_step(t), task_image(family, t), task=t),
                      range(n), tasks)
     eps = [make_episode(family, t, sb, tok, c.agent) for t, sb in zip(tasks, boxes)]
+    used = [dict(pool.ready_use.get(i, {})) for i in range(n)]
+    marks = [meter_of(sb).read() for sb in boxes]
     trajs = run_episodes(policy, eps, num_tool_workers=pool.workers)
+    _add_use(used, boxes, marks, "tool_s")
     for tr in trajs:
         tr.segments = [trim_segment(sg) for sg in tr.segments]
 
@@ -150,20 +180,23 @@ def rollout_batch(family: Family, tasks, policy, pool: SandboxPool, c, tok):
             return None
         return verify(t, sb, tr.final_answer, timeout=float(c.exp.verify_timeout_s), check_edits=family.check_edits)
 
+    marks = [meter_of(sb).read() for sb in boxes]
     vs = pool.map(score, tasks, boxes, trajs)
+    _add_use(used, boxes, marks, "verify_s")
     rs, infos = [], []
     for i, (tr, v) in enumerate(zip(trajs, vs)):
+        use = {f"sandbox_{k}": used[i].get(k, 0) for k in SANDBOX_USE_KEYS}
         failure = tr.failure if tr.infra else (v.infra_error if v.infra else "")
         if failure:
             pool.replace(i, failure)
             rs.append(0.0)
             infos.append(dict(infra=True, failure=failure, end=tr.end_reason if tr.infra else "verify_infra",
-                              gen_tokens=tr.num_generated_tokens, **tr.stats))
+                              gen_tokens=tr.num_generated_tokens, **tr.stats, **use))
             continue
         r, info = rewards.total_reward(v.reward, tr.stats, c.rl)
         rs.append(float(r))
         infos.append(dict(info, verifier=v.reward, end=tr.end_reason, infra=False,
-                          gen_tokens=tr.num_generated_tokens, **tr.stats))
+                          gen_tokens=tr.num_generated_tokens, **tr.stats, **use))
         if tr.failure:
             infos[-1]["failure"] = tr.failure
     return trajs, rs, infos

@@ -139,7 +139,7 @@ def pooled_setup(env, tok, passes: int) -> EvalSetup:
 
     def lend(task):
         i = free.get_nowait()       # the harness never opens more than max_parallel = the pool's size
-        sb = pool.ready(i, lambda b: fam.reset(b, task), task_image(fam, task))
+        sb = pool.ready(i, fam.reset_step(task), task_image(fam, task), task=task)
         lent[id(sb)] = i
         return sb
 

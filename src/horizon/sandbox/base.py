@@ -9,12 +9,17 @@ laptops without Docker).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import threading
+import time
 from typing import Protocol, runtime_checkable
 
+from horizon.sandbox.inbox import OutputBuffer  # noqa: E402,F401 - one implementation, also run in the box
+
 WORKSPACE = "/workspace"
+TRUNCATION_MARKER = OutputBuffer.MARKER
 PROJECT_LABEL = "horizon.sandbox"  # label key set on every container/image we create
-TRUNCATION_MARKER = "\n[... output truncated: {omitted} bytes omitted ...]\n"
 
 # Defaults shared by both backends (callers normally pass values from their config).
 DEFAULT_BASE_IMAGE = os.environ.get("HORIZON_BASE_IMAGE", "horizon-sandbox:base")
@@ -83,44 +88,6 @@ def check_command(cmd: str) -> str:
     return cmd
 
 
-class OutputBuffer:
-    """Keeps the first and last `max_bytes // 2` bytes of a stream (docs/SPEC.md §5 output limits).
-
-    Tools show the model the head (the command's start, e.g. a traceback's first frames)
-    and the tail (the final error / summary) with a visible `TRUNCATION_MARKER` between.
-    """
-
-    def __init__(self, max_bytes: int):
-        if max_bytes < 2:
-            raise ValueError(f"max_output_bytes must be >= 2, got {max_bytes}")
-        self.head_cap = max_bytes // 2
-        self.tail_cap = max_bytes - self.head_cap
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.head_cap - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > self.tail_cap:
-                del self.tail[: len(self.tail) - self.tail_cap]
-
-    def result(self) -> tuple[str, bool]:
-        """(text, truncated): the kept bytes decoded as UTF-8 (invalid bytes replaced)."""
-        omitted = self.total - len(self.head) - len(self.tail)
-        if omitted <= 0:
-            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace"), False
-        text = (bytes(self.head).decode("utf-8", "replace")
-                + TRUNCATION_MARKER.format(omitted=omitted)
-                + bytes(self.tail).decode("utf-8", "replace"))
-        return text, True
-
-
 @dataclasses.dataclass(frozen=True)
 class ExecResult:
     exit_code: int          # 124 (or 137) when the command was killed by the timeout
@@ -132,6 +99,59 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class ActionMeter:
+    """A sandbox's action count and the wall seconds its actions took (exec, file reads and writes,
+    prepare), plus the in-box run time its executor reported where it has one: what a rollout's
+    `sandbox_s` split and the per-action overhead are computed from (docs/SANDBOX.md)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.actions = 0
+        self.seconds = 0.0
+        self.inbox_s = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.actions += 1
+            self.seconds += seconds
+
+    def add_inbox(self, seconds: float) -> None:
+        """In-box run time the executor reported for one of the actions."""
+        with self._lock:
+            self.inbox_s += seconds
+
+    def read(self) -> tuple[int, float]:
+        """(actions, seconds) so far."""
+        with self._lock:
+            return self.actions, self.seconds
+
+
+def meter_of(box) -> ActionMeter:
+    """`box`'s meter, made on first use (any object: test doubles get one too)."""
+    m = getattr(box, "_action_meter", None)
+    if m is None:
+        m = ActionMeter()
+        try:
+            box._action_meter = m
+        except AttributeError:   # an object without a __dict__: measured but not kept
+            pass
+    return m
+
+
+def metered(fn):
+    """Method decorator: the call is one action of `meter_of(self)`, timed on the host."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            meter_of(self).add(time.perf_counter() - t0)
+
+    return wrapper
 
 
 @runtime_checkable
@@ -161,7 +181,8 @@ class Sandbox(Protocol):
         """A new, independent sandbox starting from this one's current filesystem."""
         ...
 
-    def prepare(self) -> None:
+    def prepare(self, reset: str | None = None, *, workdir: str = WORKSPACE,
+                timeout: float | None = None) -> ExecResult | None:
         """Make a pooled sandbox ready for its next episode (call before the task's reset).
 
         Kills every process of the sandbox user (background servers may live within an
@@ -170,7 +191,9 @@ class Sandbox(Protocol):
         not accumulate, clears a tripped disk budget, and checks the sandbox can still
         fork/exec a trivial command. Raises `SandboxInfraError` when the sandbox cannot be
         made usable (dead container, a fork bomb that cannot be stopped): replace it.
-        The workspace itself is NOT restored: that is the caller's (the task family's reset).
+        The workspace itself is NOT restored: that is the caller's (the task family's reset),
+        passed as `reset` (a shell command run as `exec` would, in `workdir`, within
+        `timeout`) to run it in the same action; its `ExecResult` is returned (None without one).
         """
         ...
 

@@ -46,6 +46,7 @@ from horizon.sandbox.base import (
     SandboxPermissionError,
     check_command,
     check_path,
+    metered,
 )
 
 _READ_CHUNK = 65536
@@ -101,8 +102,12 @@ class LocalSandbox:
             raise SandboxInfraError(f"local sandbox {self.root} is closed")
 
     # -- exec -----------------------------------------------------------------------------
+    @metered
     def exec(self, cmd: str, timeout: float | None = None, workdir: str = WORKSPACE) -> ExecResult:
         """Run `cmd` with `bash -c` in `workdir`; kill its process group after `timeout` s."""
+        return self._exec(cmd, timeout, workdir)
+
+    def _exec(self, cmd: str, timeout: float | None, workdir: str) -> ExecResult:
         self._check_open()
         check_command(cmd)
         cwd = self._host(workdir)
@@ -154,6 +159,7 @@ class LocalSandbox:
                           duration_s=time.monotonic() - t0)
 
     # -- files ----------------------------------------------------------------------------
+    @metered
     def read_file(self, path: str) -> bytes:
         self._check_open()
         host = self._host(path)
@@ -165,6 +171,7 @@ class LocalSandbox:
         except OSError as e:
             raise _file_error("read_file", path, e) from e
 
+    @metered
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self._check_open()
         host = self._host(path)
@@ -206,10 +213,17 @@ class LocalSandbox:
         """True unless closed (the host is the sandbox)."""
         return not self._closed
 
-    def prepare(self) -> None:
+    @metered
+    def prepare(self, reset: str | None = None, *, workdir: str = WORKSPACE,
+                timeout: float | None = None) -> ExecResult | None:
         """Ready for the next episode: kill the processes this sandbox's commands left behind
-        (found by `HORIZON_SANDBOX_ROOT` in their environment), empty its /tmp."""
+        (found by `HORIZON_SANDBOX_ROOT` in their environment), empty its /tmp; then `reset`
+        (run like `exec`; its result is returned)."""
         self._check_open()
+        self._clean()
+        return None if reset is None else self._exec(reset, timeout, workdir)
+
+    def _clean(self) -> None:
         for _ in range(20):   # a process may fork while we kill: repeat until none is left
             pids = _processes_with_env(f"HORIZON_SANDBOX_ROOT={self.root}")
             if not pids:

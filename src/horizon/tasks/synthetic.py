@@ -28,7 +28,7 @@ same size within one second, and a stale bytecode cache would otherwise be impor
 
 from __future__ import annotations
 
-import base64
+import posixpath
 import random
 import re
 import shlex
@@ -135,16 +135,22 @@ def make_synthetic_tasks(split: str, n: int, start: int = 0, **kw) -> list[Task]
 
 
 def reset_command(task: Task) -> str:
-    """One shell command that empties /workspace and writes `task.files` (pooled-sandbox reset)."""
+    """One POSIX shell command that empties /workspace and writes `task.files` (pooled-sandbox
+    reset) with shell builtins: `printf` writes each file, `mkdir` runs only for a missing directory."""
     parts = [f"find {WORKSPACE} -mindepth 1 -delete"]
     for path, content in sorted(task.files.items()):
-        b64 = base64.b64encode(content.encode("utf-8")).decode("ascii")
-        full = shlex.quote(f"{WORKSPACE}/{path}")
-        parts.append(f"mkdir -p $(dirname {full}) && echo {b64} | base64 -d > {full}")
+        full = f"{WORKSPACE}/{path}"
+        parent = posixpath.dirname(full)
+        if parent != WORKSPACE:
+            parts.append(f"{{ [ -d {shlex.quote(parent)} ] || mkdir -p {shlex.quote(parent)}; }}")
+        parts.append(f"printf %s {shlex.quote(content)} > {shlex.quote(full)}")
     return " && ".join(parts)
 
 
-def reset_sandbox(sandbox, task: Task, timeout: float = 30.0) -> None:
+RESET_TIMEOUT_S = 30.0
+
+
+def reset_sandbox(sandbox, task: Task, timeout: float = RESET_TIMEOUT_S) -> None:
     """Put `sandbox` back in `task`'s initial state with one exec; raises on failure."""
     r = sandbox.exec(reset_command(task), timeout=timeout, workdir="/")
     if r.exit_code != 0:

@@ -28,6 +28,7 @@ from horizon.rl.runtime.pools import POOLS, docker_host_for, parse_resources
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
 from horizon.sandbox import docker_available
+from horizon.sandbox.docker import EXECUTORS
 from horizon.train.optim import validate_optim_config
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
 from horizon.utils.files import storage_protocols
@@ -180,6 +181,8 @@ def validate_sandboxes(c) -> None:
     need_float(e, "sandbox_cpus", "exp", 0.0, lo_open=True)
     need_int(e, "sandbox_disk_mb", "exp", lo=0)
     need_int(e, "sandbox_replace_attempts", "exp", lo=0)
+    if "sandbox_executor" in e:
+        need_choice(e, "sandbox_executor", "exp", EXECUTORS)
     need_float(e, "verify_timeout_s", "exp", 0.0, lo_open=True)
     backends = {e.backend} | ({e.demo_backend} if "demo_backend" in e else set())
     if "demo_backend" in e:

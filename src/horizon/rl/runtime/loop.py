@@ -34,6 +34,7 @@ from horizon.data.packing import pack_sequences
 from horizon.data.tokenizer import tokenizer_from_config
 from horizon.env.demos import config_edit_demos
 from horizon.env.families import Family, family_from_config
+from horizon.env.rollouts import SANDBOX_USE_KEYS
 from horizon.eval import harness
 from horizon.inference import policy as engine_policy
 from horizon.inference import sampler
@@ -386,8 +387,16 @@ def _step_metrics(c, step: int, groups, b, run: dict, *, rollout_s: float, gen_s
                 gen_tokens_per_s=gen / max(rollout_s, 1e-9),
                 success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos])),
                 malformed=float(np.mean([i.get("malformed_calls", 0) > 0 for i in infos])),
-                summaries=float(np.mean([i.get("summaries", 0) for i in infos])), **run,
+                summaries=float(np.mean([i.get("summaries", 0) for i in infos])), **_sandbox_use(infos), **run,
                 **{f"batch/{k}": v for k, v in rlbatch.batch_stats(b).items()})
+
+
+def _sandbox_use(infos) -> dict:
+    """A step's sandbox time summed over its episodes (`sandbox_s`, split by phase as
+    `sandbox/<phase>_s`) and its sandbox actions (`horizon.env.rollouts.SANDBOX_USE_KEYS`)."""
+    tot = {k: float(sum(i.get(f"sandbox_{k}", 0) for i in infos)) for k in SANDBOX_USE_KEYS}
+    return {"sandbox_s": sum(v for k, v in tot.items() if k.endswith("_s")), "sandbox/actions": int(tot["actions"]),
+            **{f"sandbox/{k}": v for k, v in tot.items() if k.endswith("_s")}}
 
 
 def _step_line(rec: dict, c, tag: str, step: int, steps: int, *, elapsed_s: float) -> str:
@@ -395,7 +404,7 @@ def _step_line(rec: dict, c, tag: str, step: int, steps: int, *, elapsed_s: floa
     return (f"{tag}step {step + 1}/{steps}: reward {rec['reward_mean']:.3f} best-of-{c.rl.group_size} "
             f"{rec['best_of_k']:.3f} success {rec['success']:.3f} malformed {rec['malformed']:.2f} "
             f"kl {rec.get('kl_k1', 0.0):.2e} gen {rec['gen_s']:.1f}s ({rec['gen_tokens_per_s']:.0f} tok/s of rollout) "
-            f"rollout {rec['rollout_s']:.1f}s "
+            f"rollout {rec['rollout_s']:.1f}s (sandbox {rec['sandbox_s']:.1f}s over {rec['sandbox/actions']} actions) "
             + (f"pack {rec['pack/imbalance']:.3f} (naive {rec['pack/imbalance_naive']:.3f}) "
                if rec["pack/ranks"] > 1 else "")
             + (f"infra: {rec['infra/infra_episodes']:.0f} failed episodes, {rec['infra/group_retries']:.0f} "

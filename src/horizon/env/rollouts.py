@@ -113,13 +113,11 @@ class SandboxPool:
                 else:
                     steps = [("prepare_s", box.prepare), ("reset_s", lambda b=box: reset(b))]
                 for phase, fn in steps:
-                    a0, s0 = meter_of(box).read()
+                    mark = meter_of(box).read()
                     try:
                         fn()
                     finally:
-                        a1, s1 = meter_of(box).read()
-                        use[phase] += s1 - s0
-                        use["actions"] += a1 - a0
+                        _charge(use, box, mark, phase)
                 return box
             except (SandboxError, RuntimeError) as e:     # dead container, engine error, failed reset exec
                 last = f"{type(e).__name__}: {e}"
@@ -136,12 +134,18 @@ class SandboxPool:
 SANDBOX_USE_KEYS = ("prepare_s", "reset_s", "tool_s", "verify_s", "actions")   # info keys "sandbox_<k>"
 
 
+def _charge(use: dict, box, mark: tuple[int, float], phase: str) -> None:
+    """Add `box`'s sandbox seconds since `mark` (its meter's earlier reading) to `use[phase]` and
+    its actions to `use["actions"]`."""
+    a1, s1 = meter_of(box).read()
+    use[phase] = use.get(phase, 0.0) + s1 - mark[1]
+    use["actions"] = use.get("actions", 0) + a1 - mark[0]
+
+
 def _add_use(used: list[dict], boxes, marks, phase: str) -> None:
-    """Add each box's sandbox seconds and actions since `marks` to `used` under `phase`."""
-    for u, sb, (a0, s0) in zip(used, boxes, marks):
-        a1, s1 = meter_of(sb).read()
-        u[phase] = u.get(phase, 0.0) + s1 - s0
-        u["actions"] = u.get("actions", 0) + a1 - a0
+    """`_charge` each box's phase since its mark (a phase the boxes ran concurrently)."""
+    for u, sb, mark in zip(used, boxes, marks):
+        _charge(u, sb, mark, phase)
 
 
 def trim_segment(seg: Segment) -> Segment:

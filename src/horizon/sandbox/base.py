@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Protocol, runtime_checkable
 
-from horizon.sandbox.inbox import OutputBuffer  # noqa: E402,F401 - one implementation, also run in the box
+from horizon.sandbox.inbox import OutputBuffer  # one implementation, also run in the box
 
 WORKSPACE = "/workspace"
 TRUNCATION_MARKER = OutputBuffer.MARKER

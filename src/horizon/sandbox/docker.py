@@ -78,7 +78,7 @@ from horizon.sandbox.engine import (  # noqa: F401 - re-exported: callers import
     session_images,
 )
 from horizon.sandbox.executor import InboxClient, InboxPath, parse_user
-from horizon.sandbox.scripts import OOM_RE, PREPARE_SCRIPT, READ_SCRIPT, WRITE_SCRIPT, file_error
+from horizon.sandbox.scripts import PREPARE_SCRIPT, READ_SCRIPT, WRITE_SCRIPT, file_error, oom_count
 from horizon.sandbox.snapshots import SNAPSHOT_REPO, Snapshots  # noqa: F401 - re-exported
 
 _owner_alive = owner_alive   # (the name tests and older callers import from here)
@@ -354,9 +354,9 @@ class DockerSandbox(InboxPath, DockerExecPath, DiskBudget, Snapshots):
         try:
             if self.executor == "docker-exec":
                 exit_code, buf, host_killed = self._exec_docker(cmd, timeout, workdir, self.max_output_bytes)
-                probe, timed_out = None, None
+                oom, timed_out = None, None
             else:
-                exit_code, buf, host_killed, timed_out, probe = self._exec_inbox(cmd, timeout, workdir)
+                exit_code, buf, host_killed, timed_out, oom = self._exec_inbox(cmd, timeout, workdir)
         finally:
             watch_stop.set()
         duration = time.monotonic() - t0
@@ -368,7 +368,7 @@ class DockerSandbox(InboxPath, DockerExecPath, DiskBudget, Snapshots):
                 # probe exec as the user could die too): the policy's resource failure, not infra
                 raise SandboxResourceError(self._disk_exceeded)
             if self.executor == "docker-exec":
-                probe = self._raise_if_dead("exec")   # killed with its container: not the command's failure
+                oom = oom_count(self._raise_if_dead("exec"))   # killed with its container: not the command's failure
             if exit_code is None:
                 if not host_killed:
                     raise SandboxInfraError(f"exec: the engine reported no exit status for the command "
@@ -379,7 +379,7 @@ class DockerSandbox(InboxPath, DockerExecPath, DiskBudget, Snapshots):
         if timed_out is None:
             timed_out = exit_code in TIMEOUT_EXIT_CODES and duration >= timeout * 0.98
         timed_out = host_killed or timed_out
-        if exit_code == 137 and not timed_out and self._oom_killed(probe):
+        if exit_code == 137 and not timed_out and self._oom_killed(oom):
             buf.feed(self._oom_note(buf))
         self._check_disk()
         output, truncated = buf.result()
@@ -392,15 +392,13 @@ class DockerSandbox(InboxPath, DockerExecPath, DiskBudget, Snapshots):
         sep = "" if buf.total == 0 or bytes(buf.tail or buf.head).endswith(b"\n") else "\n"
         return f"{sep}[sandbox] killed: out of memory (limit {limit})\n".encode()
 
-    def _oom_killed(self, cgroup_text: bytes | None) -> bool:
-        """Whether the cgroup's oom_kill counter (v2 memory.events / v1 memory.oom_control, as
-        read by `OOM_SCRIPT`) rose since last read: the kernel's OOM killer struck here."""
-        counts = [int(n) for n in OOM_RE.findall(cgroup_text or b"")]
-        if not counts:
+    def _oom_killed(self, count: int | None) -> bool:
+        """Whether the cgroup's oom_kill counter (`count`, as the executor or `oom_count` read it;
+        None: unknown) rose since last read: the kernel's OOM killer struck here."""
+        if count is None:
             return False
-        n, seen = max(counts), self._oom_kills
-        self._oom_kills = n
-        return n > seen
+        seen, self._oom_kills = self._oom_kills, count
+        return count > seen
 
 
     @property

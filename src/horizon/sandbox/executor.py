@@ -27,6 +27,7 @@ from horizon.sandbox import inbox
 from horizon.sandbox.base import KILL_GRACE_S, WORKSPACE, OutputBuffer, SandboxInfraError, meter_of
 from horizon.sandbox.docker_exec import HOST_DEADLINE_SLACK_S
 from horizon.sandbox.engine import ENGINE_ERRORS
+from horizon.sandbox.scripts import oom_count
 
 SOURCE = pathlib.Path(inbox.__file__).read_text()
 ARGV = ["python3", "-I", "-S", "-u", "-c", SOURCE]
@@ -229,7 +230,7 @@ class InboxPath:
                     self._inbox = None     # the next action starts a fresh executor
             client.close()
             probe = self._raise_if_dead(what)   # a dead container: infra, with the container's state
-            if self._oom_killed(probe):
+            if self._oom_killed(oom_count(probe)):
                 return None
             raise SandboxInfraError(f"{what}: the in-box executor of sandbox {self._container.short_id} died while "
                                     f"the command ran ({e}; executor stderr: {client.stderr_tail(200)!r})") from e
@@ -263,8 +264,9 @@ class InboxPath:
         meter_of(self).add_inbox(float(hdr.get("run_s", 0.0)))
         return int(hdr["code"]), out, err
 
-    def _exec_inbox(self, cmd: str, timeout: float, workdir: str) -> tuple[int, OutputBuffer, bool, bool, bytes | None]:
-        """`cmd` through the executor: (exit code, output, backstop fired, timed out, OOM probe)."""
+    def _exec_inbox(self, cmd: str, timeout: float, workdir: str) -> tuple[int, OutputBuffer, bool, bool, int | None]:
+        """`cmd` through the executor: (exit code, output, backstop fired, timed out, the cgroup's
+        oom_kill counter after it or None)."""
         deadline = timeout + KILL_GRACE_S + HOST_DEADLINE_SLACK_S
         # OLDPWD: what the docker-exec wrapper's `cd` from the container's working directory leaves
         req = dict(op="spawn", argv=["bash", "-c", cmd], cwd=workdir, env={"OLDPWD": WORKSPACE},
@@ -283,6 +285,4 @@ class InboxPath:
         head = int(hdr.get("head_len", len(out)))
         buf.head, buf.tail, buf.total = bytearray(out[:head]), bytearray(out[head:]), int(hdr["total"])
         meter_of(self).add_inbox(float(hdr.get("run_s", 0.0)))
-        oom = hdr.get("oom_kill")
-        return (int(hdr["code"]), buf, bool(hdr.get("hung")), bool(hdr.get("timed_out")),
-                None if oom is None else f"oom_kill {oom}".encode())
+        return (int(hdr["code"]), buf, bool(hdr.get("hung")), bool(hdr.get("timed_out")), hdr.get("oom_kill"))

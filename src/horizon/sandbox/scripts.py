@@ -73,6 +73,13 @@ OOM_SCRIPT = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_
 OOM_RE = re.compile(rb"^oom_kill (\d+)$", re.M)
 
 
+def oom_count(cgroup_text: bytes | None) -> int | None:
+    """The cgroup's oom_kill counter in `OOM_SCRIPT`'s output (v2 memory.events / v1
+    memory.oom_control), None where it shows none."""
+    counts = [int(n) for n in OOM_RE.findall(cgroup_text or b"")]
+    return max(counts) if counts else None
+
+
 # "bash: line 1: " (dash: "sh: 1: "), "cat: ", "tee: ", "timeout: " prefixes dropped: messages read like
 # the file's own error.
 MSG_PREFIX = re.compile(r"^(?:(?:bash|sh|horizon-\w+): (?:(?:line )?\d+: )?)?(?:cat: |tee: |timeout: )?")

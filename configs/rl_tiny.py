@@ -126,6 +126,8 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         engine_prefill_chunk=64,  # max prefill tokens per row per call (long prompts: several chunks; 64 beat 128
         #                           on tiny: less padding, benchmarks/rollout_engine.py)
         engine_min_prefill_chunk=16,  # smallest prefill chunk (power-of-two compile buckets up to the max)
+        engine_min_prefill_rows=1,    # smallest row count of a prefill call (power-of-two buckets up to the slots;
+        #                           every (rows, chunk, window) is one compile: horizon.inference.warmup.plan)
         engine_min_window=64,     # smallest attention window (compile buckets above it, up to max_len)
         engine_window_per_octave=4,  # window buckets per doubling (a power of two): 1 = powers of two, 2 adds the
         #                           1.5x midpoints, 4 = steps of 1/8 of the power (a window <= 1.25x the positions
@@ -203,7 +205,10 @@ def experiment_config() -> ml_collections.ConfigDict:
     e.backend = "docker"              # sandbox backend for rollouts and eval ("local" = unisolated)
     e.sandbox_image = "horizon-sandbox:base"   # docker image of the pooled sandboxes (envs/build_base_image.sh)
     e.out_dir = "runs/rl_tiny"        # run directory: config.json, metrics.jsonl, checkpoints, plots
-    e.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache ("" = off); speeds restarts
+    e.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache, every compile ("" = off): shared by every
+    #                                   run, seed and strategy (horizon.utils.compiles.use_persistent_cache)
+    e.warmup = False                  # compile the engine's and train step's shape plan before step 1, with a
+    #                                   progress line (horizon.rl.runtime.warmup; studies turn it on)
     e.steps = 40                      # RL steps
     e.n_sft_tasks = 4096              # train seeds [0, n) for demonstrations; RL prompts come after them
     e.pool_size = 32                  # pooled sandboxes (= rollouts per RL step = eval chunk)

@@ -131,7 +131,13 @@ def get_config() -> ml_collections.ConfigDict:
         include_file_listing=False, max_malformed_calls=2, num_tool_workers=8, tool_timeout_s=20.0,
         context_strategy="self_summary",  # replaced per run by each of exp.strategies
     ))
-    c.rl.sampler.update(dict(min_batch_bucket=32, min_prompt_bucket=64, min_new_bucket=32))
-    c.rl.batch.update(dict(min_rows=32, min_seq=128,
+    c.rl.sampler.update(dict(min_batch_bucket=32, min_prompt_bucket=64, min_new_bucket=32,
+                             # a bounded engine plan, compiled once up front (exp.warmup): windows 128/256/512,
+                             # one prefill chunk, prefill rows 8/16/32, one decode chunk for RL and eval
+                             # (horizon.inference.warmup.plan; docs/PERF.md, "Compile once")
+                             engine_window_per_octave=1, engine_min_window=128, engine_min_prefill_chunk=64,
+                             engine_min_prefill_rows=8, sync_tokens=16))
+    e.warmup = True
+    c.rl.batch.update(dict(min_rows=32, min_seq=256,    # train lengths 256/512: one compile each (exp.warmup)
                            micro_rows=64))     # gradient accumulation over whole chains: memory bounded per pass
     return c

@@ -363,6 +363,9 @@ def test_eval_harness_drives_the_engine_stream_and_stamps_latency():
         def release(self, e):
             self.released.append(e)
 
+        def idle(self, seconds):
+            pass
+
         @property
         def busy(self):
             return bool(self.q)
@@ -449,3 +452,35 @@ def test_replicas_policy_swaps_weights_and_bad_sizes_raise(setup):
         replicas.make_engine(mcfg, engine=dataclasses.replace(EC, slots=3, replicas=2), params=params)
     with pytest.raises(ValueError, match="one replica"):
         E.Engine(mcfg, engine=dataclasses.replace(EC, replicas=2), params=params)
+
+
+def test_warm_up_compiles_the_whole_plan_and_changes_no_sample(setup):
+    """`inference.warmup`: after `warm_up` the engine compiles nothing while it serves requests that
+    touch every window bucket, prefix copies and park-store swaps (the plan is the engine's whole
+    compile set), and it samples what an engine that was not warmed samples."""
+    from horizon.inference import warmup
+    from horizon.utils import compiles
+
+    ec = dataclasses.replace(EC, min_window=256, min_prefill_rows=4, park_tokens=4 * MAX_LEN)
+    p = warmup.plan(ec)
+    assert (p.windows, p.chunks, p.rows, p.decode_steps) == ((256, 512), (32,), (4,), (8,))
+    prompts = _prompts(5, 3, 40, seed=7) + [_prompts(1, 300, 301, seed=8)[0]]   # 6 owners on 4 slots: swaps
+    keys = [_seq_key(i) for i in range(len(prompts))]
+
+    def serve(eng):
+        out = E.generate_requests(eng, [E.Request(q, k, 12, owner=i) for i, (q, k) in enumerate(zip(prompts, keys))])
+        turn2 = [np.concatenate([q, c.tokens, q[:5]]) for q, c in zip(prompts, out)]   # cached prefixes reused
+        out += E.generate_requests(eng, [E.Request(q, k, 6, owner=i) for i, (q, k) in enumerate(zip(turn2, keys))])
+        return out, eng.stats
+
+    mcfg, params, _ = setup
+    cold, _ = serve(E.Engine(mcfg, engine=ec, params=params, stop_tokens=()))
+    warm_engine = E.Engine(mcfg, engine=ec, params=params, stop_tokens=())
+    assert warmup.warm_up(warm_engine) == len(p.calls())
+    c0 = compiles.meter().snapshot()
+    warm, stats = serve(warm_engine)
+    assert compiles.meter().snapshot().minus(c0).compiles == 0
+    assert stats["evictions"] > 0 and stats["reused_tokens"] > 0
+    for a, b in zip(cold, warm):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)

@@ -229,10 +229,9 @@ def test_microbatched_step_equals_the_whole_batch_step(env, over, whole_step):
     s = rlbatch.split_microbatches(b, 3, pad_id=PAD)
     assert s["tokens"].shape[0] == 3                     # 9 rows (chains of 1-2) -> 3 full micro-batches
     jb = {k_: jnp.asarray(v) for k_, v in b.items()}
-    js = {k_: jnp.asarray(v) for k_, v in s.items()}
     ref = jax.tree.map(lambda x: x * 1.01, env["params"])     # a reference that differs: KL terms != 0
     m1, g1, load1 = jax.jit(functools.partial(trainer._loss_grads_load, cfg=cfg))(env["params"], ref, jb)
-    m2, g2, load2 = jax.jit(functools.partial(trainer._accumulate, cfg=cfg))(env["params"], ref, js)
+    m2, g2, load2 = trainer.accumulate_grads(env["params"], ref, s, cfg=cfg)
     scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(g1))
     assert scale > 0
     jax.tree.map(lambda a, b_: np.testing.assert_allclose(np.asarray(b_), np.asarray(a), rtol=1e-4,
@@ -276,3 +275,27 @@ def test_step_config_keys_only_what_the_step_reads():
     assert ka == kb and hash(ka) == hash(kb) and set(ka.keys()) <= set(trainer.STEP_SECTIONS)
     b.rl.kl_coef = float(a.rl.kl_coef) + 1.0
     assert trainer.step_config(b) != ka
+
+
+def test_split_step_compiles_once_per_length_bucket(env):
+    """Compile once (`horizon.rl.runtime.warmup`): the micro-batch step and the update compiled ahead of
+    time from the run's placed state are the executables every later accumulated step runs, step after
+    step (the state keeps its placement); nothing else of the step's size compiles."""
+    from horizon.utils import compiles
+
+    c = env["cfg"].as_configdict()
+    c.rl.batch.micro_rows = 3
+    cfg = ml_collections.FrozenConfigDict(c)
+    s = rlbatch.split_microbatches(_chains_batch(env), 3, pad_id=PAD)
+    state = trainer.init_state(jax.tree.map(jnp.copy, env["params"]), cfg)
+    placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if x.committed else None),
+                          state)
+    spec = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype) for k, v in s.items()}
+    trainer.compile_train_step(placed, spec, cfg=cfg)
+    trainer.compile_apply(placed, spec, cfg=cfg)
+    c0 = compiles.meter().snapshot()
+    for _ in range(2):
+        state, m = trainer.train_step(state, s, cfg=cfg)
+    names = {n for n, _, _ in compiles.meter().snapshot().minus(c0).by_name}
+    assert not names & {"jit(_micro_step_jit)", "jit(_apply_jit)"}, names
+    assert float(m["microbatches"]) == 3 and int(state.step) == 2

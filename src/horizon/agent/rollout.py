@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -453,7 +454,10 @@ def _run_independent(stream, episodes: Sequence[Episode], max_steps: int, pool) 
                 in_tools += 1
                 pool.submit(tools, i, gen)
         elif in_tools:
-            returned(back.get())
+            t0 = time.perf_counter()
+            item = back.get()
+            stream.idle(time.perf_counter() - t0)     # the engine had nothing to do meanwhile
+            returned(item)
         else:
             break
         while not back.empty():

@@ -207,6 +207,9 @@ class _ClockStream:
     def release(self, episode: int) -> None:
         self.inner.release(episode)
 
+    def idle(self, seconds: float) -> None:
+        self.inner.idle(seconds)
+
     @property
     def busy(self) -> bool:
         return self.inner.busy

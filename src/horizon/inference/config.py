@@ -29,6 +29,7 @@ class EngineConfig:
     window_per_octave: int = 1  # attention-window buckets per doubling: 1 = powers of two, 2 adds the 1.5x midpoints
     min_reuse: int = 1         # shortest prefix copied from another slot or the swap store (shorter: prefilled)
     replicas: int = 1          # data-parallel engine replicas, one per local device (`make_engine`); slots in all
+    min_prefill_rows: int = 1  # smallest row bucket of a prefill call (powers of two up to slots)
 
 
 def engine_config(cfg, **overrides) -> EngineConfig:
@@ -47,7 +48,8 @@ def engine_config(cfg, **overrides) -> EngineConfig:
               park_tokens=slots * max_len if park < 0 else park, stop_slots=int(s.engine_stop_slots),
               refill_slots=int(s.engine_refill_slots), kv_mode=str(s.kv_mode),
               window_per_octave=int(s.get("engine_window_per_octave", 1)),
-              min_reuse=int(s.get("engine_min_reuse", 1)), replicas=int(s.get("engine_replicas", 1)))
+              min_reuse=int(s.get("engine_min_reuse", 1)), replicas=int(s.get("engine_replicas", 1)),
+              min_prefill_rows=int(s.get("engine_min_prefill_rows", 1)))
     ec.update(overrides)
     return EngineConfig(**ec)
 
@@ -88,6 +90,8 @@ def validate_engine(c) -> None:
         need(wpo & (wpo - 1) == 0, f"{pre}.engine_window_per_octave", wpo, "must be a power of two (1, 2, 4, ...)")
     if "engine_min_reuse" in s:
         need_int(s, "engine_min_reuse", pre, lo=1)
+    if "engine_min_prefill_rows" in s:
+        need_int(s, "engine_min_prefill_rows", pre, lo=1, hi=int(s.engine_slots))
     replicas = need_int(s, "engine_replicas", pre, lo=1) if "engine_replicas" in s else 1
     need(int(s.engine_slots) % replicas == 0, f"{pre}.engine_slots", s.engine_slots,
          f"must be a multiple of {pre}.engine_replicas={replicas} (each replica holds slots / replicas)")

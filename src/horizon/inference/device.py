@@ -31,6 +31,18 @@ def window_for(n: int, ec: EngineConfig) -> int:
     return min(ec.max_len, bucket(n, ec.min_window, per_octave=ec.window_per_octave))
 
 
+def rows_bucket(n: int, ec: EngineConfig) -> int:
+    """Rows of a prefill call for `n` requests: a power of two >= `min_prefill_rows`
+    (padding rows are neither read nor written)."""
+    return bucket(n, ec.min_prefill_rows)
+
+
+def chunk_bucket(n: int, ec: EngineConfig) -> int:
+    """Prefill chunk for rows of at most `n` new tokens: a power of two >= `min_prefill_chunk`, at
+    most `prefill_chunk`."""
+    return min(ec.prefill_chunk, bucket(n, ec.min_prefill_chunk))
+
+
 def cache_window(cache: dict, width: int) -> dict:
     """The first `width` positions of every cache row."""
     return jax.tree.map(lambda a: a[:, :, :width], cache)

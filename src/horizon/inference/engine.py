@@ -25,6 +25,7 @@ from horizon.inference import sampler
 from horizon.inference.config import EngineConfig, resolve_engine_config
 from horizon.inference.device import (
     NO_STOP,
+    chunk_bucket,
     copy_rows,
     decode_loop,
     extract_row,
@@ -32,6 +33,7 @@ from horizon.inference.device import (
     insert_row,
     key_data,
     prefill_rows,
+    rows_bucket,
     sample_rows,
     window_for,
 )
@@ -39,10 +41,9 @@ from horizon.inference.slots import Job, Seq, Slot, SlotTable
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
-from horizon.utils.shapes import bucket  # the one compile-shape bucket (trainer rows, sampler batches)
 
 _POSITIVE = ("slots", "max_len", "prefill_chunk", "min_prefill_chunk", "sync_tokens", "min_window", "stop_slots",
-             "refill_slots", "min_reuse")            # EngineConfig fields that must be >= 1
+             "refill_slots", "min_reuse", "min_prefill_rows")            # EngineConfig fields that must be >= 1
 
 
 @dataclasses.dataclass
@@ -220,7 +221,13 @@ class Engine(Serving):
         `device` (a replica, `replicas.make_engine`), else as they are."""
         if self.mesh is not None:
             return sharded.place_params(params, self.cfg, self.mesh)
-        return params if self.device is None else jax.device_put(params, self.device)
+        return jax.device_put(params, self._home())
+
+    def _home(self) -> jax.Device:
+        """The one device the engine runs on without a mesh. Weights and cache are committed to it
+        from the start, so every jitted call sees the same placements and compiles once per shape
+        (an uncommitted first cache would give the first call its own executable)."""
+        return self.device if self.device is not None else jax.devices()[0]
 
     def _init_cache(self) -> dict:
         """The slot cache ``[L, slots, max_len, r]`` per leaf, allocated in place: on the default device (or
@@ -230,7 +237,7 @@ class Engine(Serving):
         if self.device is not None:
             return jax.jit(make, out_shardings=jax.sharding.SingleDeviceSharding(self.device))()
         if self.mesh is None:
-            return make()
+            return jax.device_put(make(), self._home())
         return jax.jit(make, out_shardings=sharded.sampling_cache_shardings(jax.eval_shape(make), self.mesh))()
 
     # -- weights ---------------------------------------------------------------------------------
@@ -279,14 +286,17 @@ class Engine(Serving):
             self._copy(follow)
 
     def _extract(self, i: int, n: int) -> dict:
-        """Slot `i`'s first `n` cache positions (a swap-out to the park store)."""
-        return extract_row(self.cache, jnp.int32(i), length=n)
+        """Slot `i`'s first `n` cache positions (a swap-out to the park store), read as the window
+        bucket that covers them (one compile per window; positions past `n` are written again
+        before they are read, as after `_copy`)."""
+        return extract_row(self.cache, jnp.int32(i), length=window_for(n, self.ec))
 
     def _copy(self, pairs: list) -> None:
-        """Copy (src slot, dst slot, prefix length) triples: the pair count padded to a power of two and
-        the positions to a window covering the longest prefix (compile buckets, as prefill's)."""
+        """Copy (src slot, dst slot, prefix length) triples: the pairs padded to `slots` (a copy moves
+        data and computes nothing, so one row count costs no time and saves compiles) and the
+        positions to the window covering the longest prefix (prefill's buckets)."""
         S = self.ec.slots
-        b = bucket(len(pairs), 1)
+        b = S
         src = np.zeros(b, np.int32)
         dst = np.full(b, S, np.int32)                          # padding pairs: dst >= slots, skipped
         for r, (a, d, _) in enumerate(pairs):
@@ -298,10 +308,10 @@ class Engine(Serving):
         """Prefill `jobs` in chunks (all rows advance together), then draw each request's pending
         token (followers from their leader's logits) and activate the slots."""
         todo = list(jobs)
-        S, C_max = self.ec.slots, self.ec.prefill_chunk
+        S = self.ec.slots
         while todo:
-            b = bucket(len(todo), 1)
-            c = min(C_max, bucket(max(len(j.tokens) for j in todo), self.ec.min_prefill_chunk))
+            b = rows_bucket(len(todo), self.ec)
+            c = chunk_bucket(max(len(j.tokens) for j in todo), self.ec)
             rows = np.full(b, S, np.int32)
             toks = np.zeros((b, c), np.int32)
             start = np.zeros(b, np.int32)
@@ -374,6 +384,7 @@ class Engine(Serving):
         outs, new = jax.device_get((outs, new))
         steps = int(outs["steps"])
         self.stats["decode_steps"] += steps
+        self.stats["slot_steps"] += steps * self.ec.slots      # occupancy = generated_tokens / slot_steps
         self.stats["round_trips"] += 1
         for k_ in ("tok", "lp", "pos", "gen", "active"):
             st[k_] = np.array(new[k_])

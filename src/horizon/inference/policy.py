@@ -75,6 +75,11 @@ class EngineStream:
     def release(self, episode: int) -> None:
         self.policy.engine.release((self.session, int(episode)))
 
+    def idle(self, seconds: float) -> None:
+        """The driver waited `seconds` with nothing for the engine to do: every unfinished episode
+        was in a tool call (`EnginePolicy.usage`'s ``tool_wait_s``)."""
+        self.policy.state["tool_wait_s"] += float(seconds)
+
     @property
     def busy(self) -> bool:
         return bool(self.by_rid)
@@ -113,7 +118,7 @@ class EnginePolicy:
         self._lock = threading.Lock()
         self._sessions = 0
         self.state = {"key": key, "switches": 0, "tokens": 0, "prefill_tokens": 0, "reused_tokens": 0,
-                      "gen_s": 0.0}
+                      "gen_s": 0.0, "tool_wait_s": 0.0}
         self.log: list[dict] = []     # per generation: episode, turn, context / prefill / reused / generated tokens
 
     def _split(self) -> jax.Array:
@@ -148,6 +153,16 @@ class EnginePolicy:
         done = generate_requests(self.engine, reqs)
         self.state["gen_s"] += time.perf_counter() - t0
         return [self._generation(c) for c in done]
+
+    def usage(self) -> dict:
+        """Where this policy's time went (docs/PERF.md, "Where a study step's time goes"): seconds in
+        engine calls (`gen_s`), seconds the driver waited with the engine idle because every open
+        episode was in a tool (`tool_wait_s`), and the decode slots' occupancy (generated tokens per
+        slot-step of the decode chunks run; 1 = every slot fed a token at every step)."""
+        st = self.engine.stats
+        return dict(gen_s=float(self.state["gen_s"]), tool_wait_s=float(self.state["tool_wait_s"]),
+                    decode_steps=int(st["decode_steps"]), slot_steps=int(st["slot_steps"]),
+                    occupancy=float(st["generated_tokens"]) / max(int(st["slot_steps"]), 1))
 
     def stream(self) -> EngineStream:
         """A fresh stream (its own key split) for one `run_episodes` call."""

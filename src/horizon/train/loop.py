@@ -26,6 +26,7 @@ from horizon.data import pipeline
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
 from horizon.train import checkpoint, lm
+from horizon.utils import compiles
 from horizon.utils.config import dump_config
 from horizon.utils.progress import progress, say
 from horizon.utils.provenance import Provenance
@@ -53,19 +54,12 @@ def plot(recs: list[dict], out: pathlib.Path) -> None:
     fig.tight_layout(), fig.savefig(out, dpi=100), plt.close(fig)
 
 
-def setup_compilation_cache(tc: ml_collections.ConfigDict) -> None:
-    """The persistent XLA cache of `train.compilation_cache_dir` ("" = off)."""
-    if tc.get("compilation_cache_dir"):
-        jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(tc.compilation_cache_dir).resolve()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
 def train_stage(cfg: ml_collections.ConfigDict, prov: Provenance, *, desc: str = "pretrain",
                 init_params: Callable[[], Any] | None = None) -> tuple[dict, lm.TrainState]:
     """(summary, final state) of one stage (module docstring)."""
     # long function: the loop of experiments/pretrain.py as one piece (setup, resume, steps, summary)
     tc = cfg.train
-    setup_compilation_cache(tc)
+    compiles.use_persistent_cache(str(tc.get("compilation_cache_dir", "") or ""))
     workdir = pathlib.Path(tc.output_dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, workdir / "config.json")

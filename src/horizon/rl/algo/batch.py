@@ -207,18 +207,23 @@ def split_microbatches(batch: dict[str, np.ndarray], micro_rows: int, *, pad_id:
     gradient accumulation (`horizon.rl.algo.trainer`): the step's activation memory then scales with
     `micro_rows`, not with the whole batch.
 
-    Whole chains go to one micro-batch (first-fit in chain order), so the KL reward-to-go across a
-    chain's segments (`rl.kl_across_segments`) sees all of them; a chain with more than
-    `micro_rows` segments is refused. The group fields (`chain_advantages`, `group_rewards`,
-    `group_valid`) stay whole. M is the number of bins needed (no bucketing: one compile per M)."""
+    Whole chains go to one micro-batch, so the KL reward-to-go across a chain's segments
+    (`rl.kl_across_segments`) sees all of them; a chain with more than `micro_rows` segments is
+    refused. Chains are placed first-fit, longest segment first (ties in chain order), so a
+    micro-batch holds rows of similar length and the trainer can cut it to a short length bucket
+    (`horizon.rl.algo.accumulate`). The group fields (`chain_advantages`, `group_rewards`,
+    `group_valid`) stay whole. M is the number of bins needed: the trainer loops over them."""
     if micro_rows < 1:
         raise ValueError(f"micro_rows must be >= 1, got {micro_rows}")
     rc = np.asarray(batch["row_chain"])
     chains: dict[int, list[int]] = {}
     for r in np.flatnonzero(rc >= 0):
         chains.setdefault(int(rc[r]), []).append(int(r))
+    lengths = np.asarray(batch["valid"]).sum(axis=-1)
+    order = sorted(chains, key=lambda ci: -int(max(lengths[r] for r in chains[ci])))   # stable: ties by chain
     bins: list[list[int]] = []
-    for ci, rows in chains.items():
+    for ci in order:
+        rows = chains[ci]
         if len(rows) > micro_rows:
             raise ValueError(f"chain {ci} has {len(rows)} segments > micro_rows={micro_rows}: raise "
                              "rl.batch.micro_rows (a chain's segments must share a micro-batch)")

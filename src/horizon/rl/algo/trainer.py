@@ -16,9 +16,10 @@ One step on a batch from `horizon.rl.algo.batch.build_batch`:
    "token_sum"`` and no explicit ``token_sum_norm`` the loss is divided by the number of *real*
    rows (bucketing pads rows, and the padded count must not change the step size).
 4. Gradient accumulation (optional): a batch split by `batch.split_microbatches` (leading
-   micro-batch axis, whole chains per micro-batch) runs steps 1-3 per micro-batch in a
-   `lax.scan` and sums the gradients weighted to the whole batch's loss normalisation
-   (`microbatch_weights`): the same update as one pass, with one micro-batch's activations.
+   micro-batch axis, whole chains per micro-batch) runs steps 1-3 one micro-batch at a time, each
+   cut to a length bucket of a set fixed by the config, and sums the gradients weighted to the
+   whole batch's loss normalisation (`horizon.rl.algo.accumulate`): the same update as one pass,
+   with one micro-batch's activations, and a few compiled shapes per run, not one per step.
 5. Adam on all trainable params (`horizon.train.optim.make_optimizer` with the model's
    `trainable_mask`, which excludes `router_bias`) with global-norm clipping, then the
    aux-loss-free router-bias update from the router load over real tokens only.
@@ -50,13 +51,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from jaxtyping import Array, Bool, Float, Int
 
 from horizon.model import head, moe, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
-from horizon.rl.algo import losses
+from horizon.rl.algo import accumulate, losses
 from horizon.rl.algo.batch import ROW_FIELDS
 from horizon.train import optim
 
@@ -94,11 +96,14 @@ def state_shardings(state, cfg, mesh):
 
 
 def place_state(state: RLState, cfg) -> RLState:
-    """`state` on the run's mesh (`state_shardings`); unchanged without one. Also the restore
-    target of a checkpoint: orbax then reads each array onto these shardings, whatever the mesh
-    the checkpoint was saved from."""
+    """`state` on the run's mesh (`state_shardings`), or without one committed to the default device
+    (so every step's state is placed alike and each shape compiles once: `horizon.rl.runtime.warmup`).
+    Also the restore target of a checkpoint: orbax then reads each array onto these shardings,
+    whatever the mesh the checkpoint was saved from."""
     mesh = pmesh.run_mesh(cfg)
-    return state if mesh is None else jax.device_put(state, state_shardings(state, cfg, mesh))
+    if mesh is None:
+        return jax.device_put(state, jax.devices()[0])
+    return jax.device_put(state, state_shardings(state, cfg, mesh))
 
 
 def batch_shardings(batch: dict, mesh) -> dict:
@@ -237,29 +242,6 @@ def _loss_grads_load(params, ref_params, batch: dict, *, cfg):
     return m, grads, load
 
 
-def microbatch_weights(batch: dict, *, cfg) -> Float[Array, " m"]:
-    """Each micro-batch's share of the whole batch's loss. `loss_from_logprobs` normalises a
-    micro-batch by its own count (real rows for "token_sum" without an explicit norm, masked
-    tokens for "token_mean", non-empty rows for "seq_mean"); weighting by count / total turns
-    that into the whole batch's normalisation, so the accumulated gradient equals the
-    one-batch gradient. An explicit `token_sum_norm` is the same constant in every micro-batch
-    (weight 1)."""
-    lc = losses.loss_config(cfg.rl)
-    m = batch["loss_mask"].astype(jnp.float32)
-    if lc.overlong_mask:
-        m = m * (~batch["truncated"].astype(bool))[..., None]
-    if lc.agg == "token_sum":
-        if lc.token_sum_norm:
-            return jnp.ones(m.shape[:1], jnp.float32)
-        cnt = jnp.sum(batch["row_chain"] >= 0, axis=1)
-    elif lc.agg == "token_mean":
-        cnt = m.sum(axis=(1, 2))
-    else:
-        cnt = jnp.sum(m.sum(axis=2) > 0, axis=1)
-    cnt = cnt.astype(jnp.float32)
-    return cnt / jnp.maximum(cnt.sum(), 1.0)
-
-
 LAG_BINS = 8      # version-lag histogram: lags 0 .. LAG_BINS-1, then one ">= LAG_BINS" bin
 
 
@@ -277,55 +259,21 @@ def version_lag_counts(policy_versions: Int[Array, "*rows seq"], loss_mask: Bool
     return out
 
 
-_SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")          # weighted like the loss
-_ROW_METRICS = ("adv_mean", "adv_abs_mean")                # means over (padded) rows
-_MASK_METRICS = ("entropy", "logprob_mean", "sampler_logprob_diff")   # means over loss_mask tokens; the
-#                                     loss's own means are over its (overlong-masked) `num_tokens`
+def batch_counts(batch: dict, step) -> dict:
+    """Counts over a batch or micro-batch that the step reports (summed over micro-batches, the
+    version minimised): real tokens and rows, the oldest trained token's policy version, and the
+    staleness histogram (`version_lag_counts`) at `step`."""
+    mask = batch["loss_mask"]
+    vers = jnp.where(mask, batch["policy_versions"], jnp.iinfo(jnp.int32).max)
+    return dict(tokens=jnp.sum(batch["valid"]).astype(jnp.float32),
+                rows=jnp.sum(batch["row_chain"] >= 0).astype(jnp.float32),
+                min_policy_version=jnp.min(vers).astype(jnp.float32),
+                **version_lag_counts(batch["policy_versions"], mask, step))
 
 
-def _accumulate(params, ref_params, batch: dict, *, cfg):
-    """`_loss_grads_load` over the micro-batches of a split batch (`batch.split_microbatches`,
-    leading axis M), in a `lax.scan` so only one micro-batch's activations are live: grads and
-    the loss metrics are summed with `microbatch_weights`, token means re-weighted by each
-    micro-batch's generated tokens (the loss's means, `stale/*` included, by its `num_tokens`),
-    `ratio_max` maxed, `num_tokens` and router loads summed. The stale-token masks are per token
-    or per row and rows never straddle micro-batches, so they match the one-pass step's."""
-    w = microbatch_weights(batch, cfg=cfg)
-    xs = ({k: batch[k] for k in (*ROW_FIELDS, "replay_indices")}, w)
-
-    def body(acc, x):
-        mb, wi = x
-        m, g, load = _loss_grads_load(params, ref_params, mb, cfg=cfg)
-        return jax.tree.map(lambda a, b: a + wi * b, acc, g), (m, load)
-
-    grads, (ms, loads) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), xs)
-
-    def share(n):
-        return n / jnp.maximum(n.sum(), 1.0)
-
-    tw_mask = share(batch["loss_mask"].astype(jnp.float32).sum(axis=(1, 2)))
-    tw_loss = share(ms["num_tokens"])
-    m = {}
-    for k, v in ms.items():
-        if k in _SUMMED_METRICS:
-            m[k] = jnp.sum(w * v)
-        elif k == "num_tokens":
-            m[k] = jnp.sum(v)
-        elif k == "ratio_max":
-            m[k] = jnp.max(v)
-        elif k in _ROW_METRICS:
-            m[k] = jnp.mean(v)
-        else:
-            m[k] = jnp.sum((tw_mask if k in _MASK_METRICS else tw_loss) * v)
-    return m, grads, None if loads is None else jnp.sum(loads, axis=0)
-
-
-def pure_train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
-    """The RL step as a pure function of (state, batch) for a frozen `cfg` (`train_step` jits it,
-    for one device or a mesh)."""
-    split = batch["tokens"].ndim == 3                       # micro-batches [M, rows, S]
-    fn = _accumulate if split else _loss_grads_load
-    m, grads, load = fn(state.params, state.ref_params, batch, cfg=cfg)
+def apply_grads(state: RLState, grads, load, *, cfg) -> tuple[RLState, dict]:
+    """Adam on the trainable leaves (clipped), then the router-bias update from `load` (None: none).
+    Returns (the next state, {"grad_norm"})."""
     trainable = transformer.trainable_mask(state.params)
     gnorm = optax.tree.norm(jax.tree.map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable))
     tx = make_optimizer(state.params, cfg)
@@ -333,16 +281,18 @@ def pure_train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]
     params = optax.apply_updates(state.params, updates)
     if load is not None:
         params = moe.update_router_bias(params, load, cfg.model)
-    mask = batch["loss_mask"]
-    vers = jnp.where(mask, batch["policy_versions"], jnp.iinfo(jnp.int32).max)
-    m = dict(m, **_reward_metrics(batch), grad_norm=gnorm,
-             tokens=jnp.sum(batch["valid"]).astype(jnp.float32),
-             rows=jnp.sum(batch["row_chain"] >= 0).astype(jnp.float32),
-             min_policy_version=jnp.min(vers).astype(jnp.float32),
-             microbatches=jnp.asarray(batch["tokens"].shape[0] if split else 1, jnp.float32),
-             **version_lag_counts(batch["policy_versions"], mask, state.step))
     new = RLState(step=state.step + 1, params=params, opt_state=opt_state, ref_params=state.ref_params)
-    return new, m
+    return new, dict(grad_norm=gnorm)
+
+
+def pure_train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
+    """The RL step on a whole (unsplit) batch as a pure function of (state, batch) for a frozen `cfg`
+    (`train_step` jits it, for one device or a mesh). A split batch trains micro-batch by
+    micro-batch (`train_step`, `horizon.rl.algo.accumulate`) to the same update."""
+    m, grads, load = _loss_grads_load(state.params, state.ref_params, batch, cfg=cfg)
+    new, mg = apply_grads(state, grads, load, cfg=cfg)
+    return new, dict(m, **mg, **_reward_metrics(batch), **batch_counts(batch, state.step),
+                     microbatches=jnp.asarray(1.0, jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh"), donate_argnames=("state",))
@@ -379,10 +329,100 @@ def _step_args(state, batch: dict, cfg):
     return mesh, frozen, jax.device_put(dict(batch), sh)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh"), donate_argnames=("acc",))
+def _micro_step_jit(params, ref_params, acc, mb, w, step, *, cfg, mesh=None):
+    """One micro-batch of an accumulated step: ``acc = (grads, router load)`` plus `w` x its gradients
+    and its load; returns (acc, its metrics and `batch_counts`)."""
+    m, g, load = _loss_grads_load(params, ref_params, mb, cfg=cfg)
+    grads = jax.tree.map(lambda a, b: a + w * b, acc[0], g)
+    load = None if load is None else acc[1] + load
+    if mesh is not None:            # the accumulator keeps its layout (`_zero_acc`)
+        grads = jax.lax.with_sharding_constraint(grads, sharded.state_shardings(grads, params, cfg, mesh))
+        load = None if load is None else jax.lax.with_sharding_constraint(load, pmesh.replicated(mesh))
+    return (grads, load), dict(m, **batch_counts(mb, step))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh"), donate_argnames=("state",))
+def _apply_jit(state, acc, groups, *, cfg, mesh=None):
+    new, m = apply_grads(state, acc[0], acc[1], cfg=cfg)
+    if mesh is not None:
+        new = jax.lax.with_sharding_constraint(new, state_shardings(new, cfg, mesh))
+    return new, dict(m, **_reward_metrics(groups))
+
+
+GROUP_FIELDS = ("chain_advantages", "group_rewards", "group_valid")
+
+
+def _zero_acc(params, cfg, mesh=None):
+    """Zero gradients (laid out like the params) and, with the router-bias update, a zero load placed
+    as the micro-batch step returns it (`_load_home`), so every micro-batch's call has one signature."""
+    L = transformer.layer_counts(cfg.model)[1]
+    load = None
+    if bool(cfg.rl.update_router_bias) and L > 0:
+        load = jnp.zeros((L, int(cfg.model.num_experts)), jnp.float32)
+        home = _load_home(params, mesh)
+        load = load if home is None else jax.device_put(load, home)
+    return jax.tree.map(jnp.zeros_like, params), load
+
+
+def _load_home(params, mesh):
+    """Where the accumulated router load lives: replicated on a mesh, else with the params."""
+    if mesh is not None:
+        return pmesh.replicated(mesh)
+    return getattr(jax.tree.leaves(params)[0], "sharding", None)
+
+
+def _place(batch: dict, mesh) -> dict:
+    """A (micro-)batch on the device, or with a mesh its rows over the data-parallel ranks."""
+    if mesh is None:
+        return {k: jnp.asarray(v) for k, v in batch.items()}
+    return jax.device_put(dict(batch), batch_shardings(batch, mesh))
+
+
+def accumulate_grads(params, ref_params, batch: dict, *, cfg, step=0):
+    """(metrics, gradients, router load or None) of a split batch ([M, rows, S], numpy), one
+    micro-batch at a time (`horizon.rl.algo.accumulate`): each cut to its length bucket, its
+    gradients added with its share of the loss; the metrics are host floats, combined as the
+    one-pass step reports them. On the run's mesh if `cfg.mesh` asks for one (call it under
+    ``jax.set_mesh``, as `train_step` does)."""
+    mesh = pmesh.run_mesh(cfg)
+    frozen = step_config(cfg if mesh is None else sharded.configure(cfg, cp_layout="natural"))
+    M = int(batch["tokens"].shape[0])
+    w = accumulate.weights(batch, cfg)
+    buckets = accumulate.seq_buckets(cfg)
+    acc = _zero_acc(params, cfg, mesh)
+    outs = []
+    for i in range(M):
+        mb = _place(accumulate.micro_batch(batch, i, buckets), mesh)
+        acc, mi = _micro_step_jit(params, ref_params, acc, mb, np.float32(w[i]), step, cfg=frozen, mesh=mesh)
+        outs.append(mi)
+    mask = np.asarray(batch["loss_mask"], np.float32).sum(axis=(1, 2))
+    parts = [{k: float(v) for k, v in x.items()} for x in jax.device_get(outs)]
+    return dict(accumulate.combine(parts, w, mask), microbatches=float(M)), acc[0], acc[1]
+
+
+def _accumulated_step(state: RLState, batch: dict, cfg, mesh, frozen) -> tuple[RLState, dict]:
+    """A split batch: `accumulate_grads`, then one jitted update (`apply_grads`)."""
+    m, grads, load = accumulate_grads(state.params, state.ref_params, batch, cfg=cfg, step=state.step)
+    groups = {k: np.asarray(batch[k]) for k in GROUP_FIELDS}
+    if mesh is not None:
+        groups = jax.device_put(groups, pmesh.replicated(mesh))
+    state, mu = _apply_jit(state, (grads, load), groups, cfg=frozen, mesh=mesh)
+    return state, dict({k: float(v) for k, v in jax.device_get(mu).items()}, **m)
+
+
 def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
-    """Jitted pure RL step (module docstring), on the run's mesh if `cfg.mesh` asks for one (the
-    state from `init_state` / `place_state`). `cfg` is the full config (model + rl); the input
-    `state` is donated. `batch` is `build_batch`'s dict (numpy or jax arrays)."""
+    """One RL step (module docstring), on the run's mesh if `cfg.mesh` asks for one (the state from
+    `init_state` / `place_state`). `cfg` is the full config (model + rl); the input `state` is donated.
+    `batch` is `build_batch`'s dict (numpy or jax arrays): a whole batch runs as one jitted step, a
+    split one ([M, rows, S]) as M jitted micro-batch steps of bounded shapes and one update."""
+    mesh = pmesh.run_mesh(cfg)
+    if np.ndim(batch["tokens"]) == 3:
+        frozen = step_config(cfg if mesh is None else sharded.configure(cfg, cp_layout="natural"))
+        if mesh is None:
+            return _accumulated_step(state, batch, cfg, None, frozen)
+        with jax.set_mesh(mesh):
+            return _accumulated_step(state, batch, cfg, mesh, frozen)
     mesh, frozen, b = _step_args(state, batch, cfg)
     if mesh is None:
         return _train_step_jit(state, b, cfg=frozen)
@@ -394,9 +434,55 @@ def compile_train_step(state: RLState, batch: dict, *, cfg):
     """Ahead-of-time compiled `train_step` for this state and batch shape (for memory, cost and
     collective analysis: `.memory_analysis()`, `.cost_analysis()`, `.as_text()`). `state` and
     `batch` may be abstract (`jax.ShapeDtypeStruct` leaves, placed on the run's mesh for a state:
-    `horizon.rl.runtime.memory.abstract_state`): nothing is allocated."""
+    `horizon.rl.runtime.memory.abstract_state`): nothing is allocated. For a split batch it is the
+    micro-batch step at the batch's length (the step's memory peak: one micro-batch's activations
+    beside the params, reference and gradient accumulator; the optimizer state is not among its
+    arguments, `horizon.rl.runtime.memory` adds it)."""
     mesh, frozen, b = _step_args(state, batch, cfg)
+    if b["tokens"].ndim == 3:
+        mb = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype, sharding=_drop_lead(v, mesh))
+              for k, v in b.items() if k in ROW_FIELDS or k == "replay_indices"}
+        acc = _abstract_acc(state, cfg, frozen, mesh)
+        args = (state.params, state.ref_params, acc, mb, jax.ShapeDtypeStruct((), jnp.float32), state.step)
+        if mesh is None:
+            return _micro_step_jit.lower(*args, cfg=frozen, mesh=None).compile()
+        with jax.set_mesh(mesh):
+            return _micro_step_jit.lower(*args, cfg=frozen, mesh=mesh).compile()
     if mesh is None:
         return _train_step_jit.lower(state, b, cfg=frozen).compile()
     with jax.set_mesh(mesh):
         return _train_step_jit.lower(state, b, cfg=frozen, mesh=mesh).compile()
+
+
+def compile_apply(state: RLState, batch: dict, *, cfg):
+    """Ahead-of-time compiled update step of an accumulated `train_step` (its shapes: the state's and
+    the batch's group fields, whatever the micro-batches), e.g. to warm it up before a run."""
+    mesh, frozen, b = _step_args(state, batch, cfg)
+    acc = _abstract_acc(state, cfg, frozen, mesh)
+    if mesh is not None:
+        rep = pmesh.replicated(mesh)
+        groups = {k: jax.ShapeDtypeStruct(b[k].shape, b[k].dtype, sharding=rep) for k in GROUP_FIELDS}
+        with jax.set_mesh(mesh):
+            return _apply_jit.lower(state, acc, groups, cfg=frozen, mesh=mesh).compile()
+    groups = {k: jax.ShapeDtypeStruct(b[k].shape, b[k].dtype) for k in GROUP_FIELDS}
+    return _apply_jit.lower(state, acc, groups, cfg=frozen, mesh=None).compile()
+
+
+def _abstract_acc(state: RLState, cfg, frozen, mesh):
+    """The accumulator `_zero_acc` makes, as shapes (laid out like the params on a mesh)."""
+    grads, load = jax.eval_shape(lambda: _zero_acc(state.params, cfg))
+    if mesh is None:       # zeros_like places the gradients like their params
+        sh = jax.tree.map(lambda p: getattr(p, "sharding", None), state.params)
+    else:
+        sh = sharded.state_shardings(grads, state.params, frozen, mesh)
+    grads = jax.tree.map(lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), grads, sh)
+    if load is not None:
+        load = jax.ShapeDtypeStruct(load.shape, load.dtype, sharding=_load_home(state.params, mesh))
+    return grads, load
+
+
+def _drop_lead(v, mesh):
+    """The sharding of one micro-batch of a split field (None without a mesh)."""
+    if mesh is None:
+        return None
+    return pmesh.batch_sharding(mesh, len(v.shape) - 1, batch_dim=0 if len(v.shape) == 3 else 1)

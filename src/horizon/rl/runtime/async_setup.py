@@ -10,13 +10,12 @@ import math
 import os
 import pathlib
 
-import jax
-
 from horizon.model.params import numpy_init
 from horizon.parallel.mesh import mesh_sizes
 from horizon.rl.runtime import core as runtime
 from horizon.rl.runtime import weight_sync
 from horizon.rl.runtime.loop import load_sft_params
+from horizon.utils import compiles
 
 
 def worker_queue_depth(cfg) -> int:
@@ -55,11 +54,7 @@ def child_env(cfg, processes: int = 1) -> dict[str, str]:
 
 def setup_jax(cfg) -> None:
     """The persistent XLA compilation cache (`exp.compilation_cache_dir`), if set."""
-    d = str(cfg.exp.compilation_cache_dir)
-    if d:
-        jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(d).resolve()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compiles.use_persistent_cache(str(cfg.exp.compilation_cache_dir))
 
 
 def data_root(cfg, run_dir) -> str:

@@ -186,7 +186,8 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
     is replaced by the group of the slot's next reserve prompt (module docstring); when a slot's
     reserve is spent too, `RuntimeError` (the infrastructure, not one box, is broken). Returns
     (one `GroupRecord` per request, batch info: wall `seconds`, `gen_s` (seconds in generation calls),
-    weight `switches`, `start_version` and the batch's `infra/*` counters)."""
+    `tool_wait_s`, `slot_steps` and `engine_tokens` (`EnginePolicy.usage`), weight `switches`,
+    `start_version` and the batch's `infra/*` counters)."""
 
     s = cfg.rl.sampler
     policy = engine_policy.rollout_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]),
@@ -226,7 +227,9 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
             advantages=group_advantages(rs, cfg), min_version=lo, max_version=hi, start_version=start_version,
             generated_tokens=int(sum(t.num_generated_tokens for t in trajs)), worker=worker, seconds=dt,
             infos=infos, infra=infra))
-    return recs, dict(seconds=dt, gen_s=float(policy.state["gen_s"]), switches=int(policy.state["switches"]),
+    use = policy.usage()
+    return recs, dict(seconds=dt, gen_s=use["gen_s"], tool_wait_s=use["tool_wait_s"], slot_steps=use["slot_steps"],
+                      engine_tokens=int(policy.state["tokens"]), switches=int(policy.state["switches"]),
                       start_version=start_version,
                       **{f"infra/{k}": v for k, v in delta.items()})
 
@@ -263,16 +266,20 @@ def resume_rl_state(params, cfg, directory):
 
 def train_groups(state, groups: Sequence[storage.GroupRecord], cfg):
     """One RL step on a step's groups (slot order): `build_batch_from_config` -> `pack_rows` ->
-    `trainer.train_step`. Returns (state, {metric: float} with the packing stats, the batch)."""
+    `trainer.train_step`. Returns (state, {metric: float} with the packing stats and the seconds spent
+    building and packing the batch on the host, `time/train_host_s`; the batch)."""
     import jax  # noqa: PLC0415
 
+    t0 = time.perf_counter()
     groups = sorted(groups, key=lambda g: g.slot)
     b = rlbatch.build_batch_from_config([g.trajectories for g in groups],
                                         np.asarray([g.rewards for g in groups], np.float32), cfg)
     b, pack = pack_rows(b, cfg)
+    host_s = time.perf_counter() - t0
     state, m = trainer.train_step(state, b, cfg=cfg)
     infra = {f"infra/{k}": float(sum(getattr(g, "infra", {}).get(k, 0) for g in groups)) for k in INFRA_KEYS}
-    return state, dict({k: float(v) for k, v in jax.device_get(m).items()}, **pack, **infra), b
+    return state, dict({k: float(v) for k, v in jax.device_get(m).items()}, **pack, **infra,
+                       **{"time/train_host_s": host_s}), b
 
 
 def step_histograms(groups: Sequence[storage.GroupRecord], version: int) -> dict[str, np.ndarray]:

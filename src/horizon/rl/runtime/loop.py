@@ -42,8 +42,10 @@ from horizon.model import hf, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.rl.algo import batch as rlbatch
 from horizon.rl.runtime import core as runtime
+from horizon.rl.runtime import steptime, warmup
 from horizon.train import lm
 from horizon.train.checkpoint import Checkpointer, restore_params
+from horizon.utils import compiles
 from horizon.utils.config import dump_config
 from horizon.utils.progress import progress, say
 from horizon.utils.seeds import run_keys
@@ -61,8 +63,7 @@ def start_run(c: ml_collections.ConfigDict):
     out_dir = pathlib.Path(c.exp.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(c, out_dir / "config.json")
-    if c.exp.get("compilation_cache_dir"):
-        jax.config.update("jax_compilation_cache_dir", str(c.exp.compilation_cache_dir))
+    compiles.use_persistent_cache(str(c.exp.get("compilation_cache_dir", "") or ""))
     return out_dir, tokenizer_from_config(c), MetricsWriter(out_dir, c), family_from_config(c.exp)
 
 
@@ -159,7 +160,7 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, stage: SFTStage = S
     rng = np.random.default_rng(int(c.seed))
     print(f"{name}: {len(rows)} demo rows packed into {packed.num_rows} rows of {s.seq_len} tokens "
           f"({packed.lengths.sum() / packed.tokens.size:.0%} full)", flush=True)
-    t0 = time.time()
+    t0, c0 = time.time(), compiles.meter().snapshot()
     bar = progress(total=int(s.steps), desc=name, unit="step")
     for i in range(int(s.steps)):
         idx = rng.choice(packed.num_rows, B, replace=False)
@@ -169,7 +170,8 @@ def run_sft(params, rows, c, out: pathlib.Path, log: Log, *, stage: SFTStage = S
         last = i + 1 == int(s.steps)
         probed = probe is not None and stage.probe_every > 0 and ((i + 1) % stage.probe_every == 0 or last)
         if (i + 1) % int(s.log_every) == 0 or last or probed:
-            rec = dict(phase=name, step=i + 1, loss=float(m["loss"]), wall_s=time.time() - t0)
+            rec = dict(phase=name, step=i + 1, loss=float(m["loss"]), wall_s=time.time() - t0,
+                       **compiles.meter().snapshot().minus(c0).record("time/compile_"))
             extra = probe(state.params) if probed else {}
             log(dict(rec, **extra))
             say(f"{name} {i + 1}/{s.steps}: loss {rec['loss']:.4f} ({rec['wall_s']:.0f}s)"
@@ -315,6 +317,8 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         if evaluate is not None:
             evals[step] = _eval_and_log(evaluate, state.params, step, log, run, tag)
 
+    if bool(c.exp.get("warmup", False)):
+        log(dict(warmup.warm_up(state, c, tag=tag), phase="warmup", step=start, **run))
     if start == 0:
         do_eval(0)
     t_start = time.time()
@@ -324,16 +328,22 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
         if sched.assign(step) is None:
             print(f"{tag}prompt set exhausted (single epoch): stopping", flush=True)
             break
-        groups, t_gen = _roll_out_step(env, sched, step, state.params, c, tok, store)
-        t_roll = time.time() - t0
+        c0 = compiles.meter().snapshot()
+        groups, usage = _roll_out_step(env, sched, step, state.params, c, tok, store)
+        t_roll, c1 = time.time() - t0, compiles.meter().snapshot()
         t1 = time.time()
         state, rec, b = runtime.train_groups(state, groups, c)
-        rec.update(_step_metrics(c, step, groups, b, run, rollout_s=t_roll, gen_s=t_gen,
-                                 train_s=time.time() - t1, step_s=time.time() - t0))
+        t_train, c2 = time.time() - t1, compiles.meter().snapshot()
+        rec.update(_step_metrics(c, step, groups, b, run, rollout_s=t_roll, gen_s=usage["gen_s"],
+                                 train_s=t_train, step_s=time.time() - t0))
+        rec.update(steptime.split(rollout_s=t_roll, train_s=t_train, usage=usage, rollout_c=c1.minus(c0),
+                                  train_c=c2.minus(c1), train_host_s=rec["time/train_host_s"]))
+        compiled = c2.minus(c0)
         log(rec)
         if isinstance(log, MetricsWriter):
             _log_step_extras(log, groups, step, tok, run.get("run"))
         say(_step_line(rec, c, tag, step, steps, elapsed_s=time.time() - t_start))
+        say(f"{tag}  {steptime.line(rec)}" + (f"; compiled {compiled.top()}" if compiled.compiles else ""))
         bar.set_postfix(reward=rec["reward_mean"])
         bar.update(1)
         ck.save(step + 1, state, {"step": step + 1, "schedule": sched.state_dict()}, force=step + 1 == steps)
@@ -350,30 +360,34 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
 
 def _eval_and_log(evaluate, params, step: int, log: Log, run: dict, tag: str) -> dict:
     """`run_rl`'s eval at `step`: `evaluate(params, step)`, timed, logged and printed."""
-    t0 = time.time()
+    t0, c0 = time.time(), compiles.meter().snapshot()
     e = dict(evaluate(params, step), phase="eval", step=step, eval_s=time.time() - t0, **run)
+    compiled = compiles.meter().snapshot().minus(c0)
+    e.update(compiled.record("time/compile_"))
     log(e)
     if isinstance(log, MetricsWriter) and e.get("heldout_passes"):
         log.table("eval/passes", [dict(step=step, pass_index=i, success=x) for i, x in enumerate(e["heldout_passes"])],
                   step, run=run.get("run"))
     say(f"{tag}eval @ {step}: held-out {e['heldout_mean']:.3f} ± {e['heldout_std']:.3f} "
           f"(passes {[f'{x:.3f}' for x in e['heldout_passes']]}), best-of-{len(e['heldout_passes'])} "
-          f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s)")
+          f"{e['heldout_best_of_k']:.3f} ({e['eval_s']:.0f}s, compile {e['time/compile_s']:.0f}s"
+          + (f": {compiled.top()})" if compiled.compiles else ")"))
     return e
 
 
-def _roll_out_step(env, sched, step: int, params, c, tok, store) -> tuple[list, float]:
+def _roll_out_step(env, sched, step: int, params, c, tok, store) -> tuple[list, dict]:
     """Step `step`'s generation batches rolled out with `params` as version `step`; the schedule is
-    fed the step's groups, which also go to `store` if given. Returns (groups, generation seconds)."""
-    groups, t_gen = [], 0.0
+    fed the step's groups, which also go to `store` if given. Returns (groups, the batches' engine
+    usage summed: `steptime.USAGE_KEYS`)."""
+    groups, usage = [], {}
     for reqs in sched.batches(step):
         recs, info = runtime.rollout_groups(env, reqs, lambda p=params, v=step: (p, v), c, tok)
         groups += recs
-        t_gen += info["gen_s"]
+        usage = steptime.add_usage(usage, info)
     sched.feed(step, groups)
     for g in groups if store is not None else ():
         store.put(g)
-    return groups, t_gen
+    return groups, usage
 
 
 def _step_metrics(c, step: int, groups, b, run: dict, *, rollout_s: float, gen_s: float, train_s: float,

@@ -32,6 +32,7 @@ import os
 import time
 
 import jax
+import numpy as np
 
 from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
@@ -153,12 +154,26 @@ def step_memory(c, shape: StepShape | None = None) -> StepMemory:
     compiled ahead of time from abstract shapes (one compile, no arrays; with the run's persistent
     compilation cache the run's own compile of that shape hits it)."""
     shape = shape if shape is not None else max_step_shape(c)
-    compiled = trainer.compile_train_step(abstract_state(c), abstract_batch(c, shape), cfg=c)
+    state = abstract_state(c)
+    compiled = trainer.compile_train_step(state, abstract_batch(c, shape), cfg=c)
     m = compiled.memory_analysis()
     mesh = pmesh.run_mesh(c)
     devices = 1 if mesh is None else int(mesh.devices.size)
-    return StepMemory(shape, int(m.temp_size_in_bytes), int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
-                      int(m.alias_size_in_bytes), devices, jax.devices()[0].platform == "cpu")
+    # a split batch compiles the micro-batch step: the optimizer state is live beside it, not its argument
+    opt = _bytes_per_device(state.opt_state) if shape.micro_rows > 0 else 0
+    return StepMemory(shape, int(m.temp_size_in_bytes), int(m.argument_size_in_bytes) + opt,
+                      int(m.output_size_in_bytes), int(m.alias_size_in_bytes), devices,
+                      jax.devices()[0].platform == "cpu")
+
+
+def _bytes_per_device(tree) -> int:
+    """Bytes of an abstract pytree per device (a sharded leaf's share; the rest whole)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        n = int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+        sh = getattr(x, "sharding", None)
+        total += int(np.prod(sh.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize if sh is not None else n
+    return total
 
 
 def _cgroup_room() -> int | None:

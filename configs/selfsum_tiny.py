@@ -60,7 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
     e.quick_overrides = ml_collections.ConfigDict(dict(exp=dict(   # docs/PERF.md (`exp.quick`): with clean_key_weight
     #   10 (1498 s) the copy had not formed by stage-1 step 800 (key in memory 0.00 for every summarizer); with 30
     #   (now the default, e.sft.clean_key_weight below) every summarizer's was 1.00 after SFT, and with 4 RL steps
-    #   quick took 1234 s (over its 20 minutes; 4 steps moved no strategy by more than 0.062 there): 2 RL steps
+    #   quick took 1234 s (over its 20 minutes; 4 steps moved no strategy by more than 0.062 there): 2 RL steps.
+    #   On a fresh compilation cache it took 1582 s, 962 s since the engine and train plans compile once
+    #   (exp.warmup; docs/PERF.md "Studies at benchmark speed"): 591 s of that is the SFT phase
         seeds=(0,), n_sft_tasks=256, steps=2, check_tasks=8, eval=dict(n_tasks=16, passes=2),
         sft=dict(clean_steps=800, steps=100, probe_every=0),
     ), rl=dict(optim=dict(warmup_steps=1))))   # warmup must be shorter than the run (rl.runtime.checks)

@@ -42,7 +42,8 @@ def test_step_split_adds_up():
 
 
 def _cfg(min_seq=32, max_context=200, max_seq_len=256):
-    return ml_collections.ConfigDict(dict(model=dict(max_seq_len=max_seq_len), agent=dict(max_context_tokens=max_context),
+    return ml_collections.ConfigDict(dict(model=dict(max_seq_len=max_seq_len),
+                                          agent=dict(max_context_tokens=max_context),
                                           rl=dict(batch=dict(min_seq=min_seq))))
 
 

@@ -4,7 +4,9 @@ An RL step compiles what its shapes need the first time they occur: engine calls
 windows, prefill chunks, row buckets) and train steps (lengths, rows). Every one of those shapes
 comes from a finite set fixed by the config, so `warm_up` compiles the whole set up front, with a
 progress line: the engine's plan (`horizon.inference.warmup`) and the train step's (`train_plan`,
-compiled ahead of time on abstract shapes: nothing allocated, nothing trained). After it, a step
+lowered and compiled ahead of time on the run's own state and abstract batches: nothing trained; an
+abstract copy of the state need not trace to the same program, e.g. for params that came from a
+mesh-sharded SFT step). After it, a step
 compiles nothing, and with the persistent compilation cache (`exp.compilation_cache_dir`) a later
 process (another seed, a resumed run, the next study) reads every executable from disk.
 """
@@ -12,8 +14,6 @@ process (another seed, a resumed run, the next study) reads every executable fro
 from __future__ import annotations
 
 import time
-
-import jax
 
 from horizon.inference import warmup as engine_warmup
 from horizon.inference.config import engine_config
@@ -51,14 +51,12 @@ def warm_up(state, c, *, tag: str = "") -> dict:
     shapes = train_plan(c)
     bar = progress(total=n_engine + len(shapes), desc=f"{tag}warm-up", unit="shape")
     engine_warmup.warm_up(make_engine(c, params=state.params), decode_steps=steps, on_call=lambda: bar.update(1))
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                           sharding=x.sharding if x.committed else None), state)
-    for shape in shapes:
-        trainer.compile_train_step(abstract, rlmemory.abstract_batch(c, shape), cfg=c)
+    for shape in shapes:              # lowered on the run's own state (nothing runs): its steps' exact signature
+        trainer.compile_train_step(state, rlmemory.abstract_batch(c, shape), cfg=c)
         bar.update(1)
     bar.close()
     if shapes and shapes[0].micro_rows > 0:
-        trainer.compile_apply(abstract, rlmemory.abstract_batch(c, shapes[0]), cfg=c)
+        trainer.compile_apply(state, rlmemory.abstract_batch(c, shapes[0]), cfg=c)
     done = compiles.meter().snapshot().minus(c0)
     rec = dict(warmup_s=time.time() - t0, **done.record("time/compile_"))
     say(f"{tag}warm-up: {n_engine} engine calls and {len(shapes)} train shapes in {rec['warmup_s']:.0f}s "

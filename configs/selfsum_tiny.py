@@ -136,7 +136,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.sampler.update(dict(min_batch_bucket=32, min_prompt_bucket=64, min_new_bucket=32,
                              # a bounded engine plan, compiled once up front (exp.warmup): windows 128/256/512,
                              # one prefill chunk, prefill rows 8/16/32, one decode chunk for RL and eval
-                             # (horizon.inference.warmup.plan; docs/PERF.md, "Compile once")
+                             # (horizon.inference.warmup.plan; docs/INFERENCE.md, "Compile once")
                              engine_window_per_octave=1, engine_min_window=128, engine_min_prefill_chunk=64,
                              engine_min_prefill_rows=8, sync_tokens=16))
     e.warmup = True

@@ -296,9 +296,8 @@ class Engine(Serving):
         data and computes nothing, so one row count costs no time and saves compiles) and the
         positions to the window covering the longest prefix (prefill's buckets)."""
         S = self.ec.slots
-        b = S
-        src = np.zeros(b, np.int32)
-        dst = np.full(b, S, np.int32)                          # padding pairs: dst >= slots, skipped
+        src = np.zeros(S, np.int32)
+        dst = np.full(S, S, np.int32)                          # padding pairs: dst >= slots, skipped
         for r, (a, d, _) in enumerate(pairs):
             src[r], dst[r] = a, d
         window = window_for(max(n for _, _, n in pairs), self.ec)

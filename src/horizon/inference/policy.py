@@ -155,14 +155,12 @@ class EnginePolicy:
         return [self._generation(c) for c in done]
 
     def usage(self) -> dict:
-        """Where this policy's time went (docs/PERF.md, "Where a study step's time goes"): seconds in
-        engine calls (`gen_s`), seconds the driver waited with the engine idle because every open
-        episode was in a tool (`tool_wait_s`), and the decode slots' occupancy (generated tokens per
-        slot-step of the decode chunks run; 1 = every slot fed a token at every step)."""
-        st = self.engine.stats
+        """Where this policy's time went (docs/PERF.md, "Studies at benchmark speed"): seconds in engine
+        calls (`gen_s`), seconds the driver waited with the engine idle because every open episode was
+        in a tool (`tool_wait_s`), the decode chunks' slot-steps (`slot_steps`) and the tokens generated
+        (`engine_tokens`); occupancy is their ratio (`horizon.rl.runtime.steptime`)."""
         return dict(gen_s=float(self.state["gen_s"]), tool_wait_s=float(self.state["tool_wait_s"]),
-                    decode_steps=int(st["decode_steps"]), slot_steps=int(st["slot_steps"]),
-                    occupancy=float(st["generated_tokens"]) / max(int(st["slot_steps"]), 1))
+                    slot_steps=int(self.engine.stats["slot_steps"]), engine_tokens=int(self.state["tokens"]))
 
     def stream(self) -> EngineStream:
         """A fresh stream (its own key split) for one `run_episodes` call."""

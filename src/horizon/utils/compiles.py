@@ -1,4 +1,4 @@
-"""What JAX compiled, and how long it took (docs/PERF.md, "Where a study step's time goes").
+"""What JAX compiled, and how long it took (docs/PERF.md, "Studies at benchmark speed").
 
 `CompileMeter` listens to JAX's own monitoring events (`jax.monitoring`): tracing, lowering to MLIR
 and the backend compile (which includes a persistent-cache read), plus the persistent cache's hits

@@ -1,4 +1,4 @@
-"""Gradient accumulation over a split batch, on the host side (docs/SPEC.md §4, docs/PERF.md "Compile once").
+"""Gradient accumulation over a split batch, on the host side (docs/SPEC.md §4, docs/INFERENCE.md "Compile once").
 
 A batch split by `batch.split_microbatches` ([M, rows, S]) is trained one micro-batch at a time:
 `horizon.rl.algo.trainer` runs one jitted gradient step per micro-batch and one jitted update. So
@@ -25,7 +25,7 @@ SUMMED = ("loss", "pg_loss", "kl_loss")          # weighted like the loss
 ROW_MEANS = ("adv_mean", "adv_abs_mean")         # means over (padded) rows
 MASK_MEANS = ("entropy", "logprob_mean", "sampler_logprob_diff")   # means over loss_mask tokens; the
 #                                     loss's own means are over its (overlong-masked) `num_tokens`
-COUNTS = ("tokens", "rows")                      # summed over micro-batches (and `stale/lag_*`)
+COUNTS = ("num_tokens", "tokens", "rows")        # summed over micro-batches (and `stale/lag_*`)
 
 
 def seq_buckets(cfg) -> tuple[int, ...]:
@@ -84,7 +84,7 @@ def micro_batch(batch: dict, i: int, buckets: tuple[int, ...]) -> dict:
 
 def combine(ms: list[dict], w: np.ndarray, mask_counts: np.ndarray) -> dict[str, float]:
     """The micro-batches' metrics (host floats) as the one-pass step reports them: loss terms weighted
-    like the loss (`w`), `num_tokens` and `COUNTS` summed, `ratio_max` maxed, `min_policy_version`
+    like the loss (`w`), `COUNTS` summed, `ratio_max` maxed, `min_policy_version`
     minimised, row means averaged, loss-mask means weighted by each micro-batch's loss-mask count
     (`mask_counts`), the loss's own token means by its `num_tokens`."""
     share = lambda n: n / max(float(n.sum()), 1.0)  # noqa: E731
@@ -95,7 +95,7 @@ def combine(ms: list[dict], w: np.ndarray, mask_counts: np.ndarray) -> dict[str,
         v = np.asarray([m[k] for m in ms], np.float64)
         if k in SUMMED:
             out[k] = float(np.sum(w * v))
-        elif k == "num_tokens" or k in COUNTS or k.startswith("stale/lag_"):
+        elif k in COUNTS or k.startswith("stale/lag_"):
             out[k] = float(np.sum(v))
         elif k == "ratio_max":
             out[k] = float(np.max(v))

@@ -44,6 +44,7 @@ metric is a scalar (`runtime.core.train_groups` logs floats).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -314,12 +315,21 @@ def step_config(cfg) -> ml_collections.FrozenConfigDict:
     return ml_collections.FrozenConfigDict({k: cfg[k] for k in STEP_SECTIONS if k in cfg})
 
 
+def _mesh_and_config(cfg):
+    """(the run's mesh or None, the jitted steps' frozen config on it)."""
+    mesh = pmesh.run_mesh(cfg)
+    return mesh, step_config(cfg if mesh is None else sharded.configure(cfg, cp_layout="natural"))
+
+
+def _under(mesh):
+    """The context every jitted step runs and lowers in: the run's mesh, or none."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
 def _step_args(state, batch: dict, cfg):
     """(mesh or None, frozen step config, placed batch) of a `train_step` call. A batch of
     `jax.ShapeDtypeStruct`s (an abstract step, `compile_train_step`) gets the shardings instead."""
-    mesh = pmesh.run_mesh(cfg)
-    c = cfg if mesh is None else sharded.configure(cfg, cp_layout="natural")
-    frozen = step_config(c)
+    mesh, frozen = _mesh_and_config(cfg)
     abstract = any(isinstance(v, jax.ShapeDtypeStruct) for v in batch.values())
     if mesh is None:
         return None, frozen, dict(batch) if abstract else {k: jnp.asarray(v) for k, v in batch.items()}
@@ -385,8 +395,7 @@ def accumulate_grads(params, ref_params, batch: dict, *, cfg, step=0):
     gradients added with its share of the loss; the metrics are host floats, combined as the
     one-pass step reports them. On the run's mesh if `cfg.mesh` asks for one (call it under
     ``jax.set_mesh``, as `train_step` does)."""
-    mesh = pmesh.run_mesh(cfg)
-    frozen = step_config(cfg if mesh is None else sharded.configure(cfg, cp_layout="natural"))
+    mesh, frozen = _mesh_and_config(cfg)
     M = int(batch["tokens"].shape[0])
     w = accumulate.weights(batch, cfg)
     buckets = accumulate.seq_buckets(cfg)
@@ -401,8 +410,9 @@ def accumulate_grads(params, ref_params, batch: dict, *, cfg, step=0):
     return dict(accumulate.combine(parts, w, mask), microbatches=float(M)), acc[0], acc[1]
 
 
-def _accumulated_step(state: RLState, batch: dict, cfg, mesh, frozen) -> tuple[RLState, dict]:
+def _accumulated_step(state: RLState, batch: dict, cfg) -> tuple[RLState, dict]:
     """A split batch: `accumulate_grads`, then one jitted update (`apply_grads`)."""
+    mesh, frozen = _mesh_and_config(cfg)
     m, grads, load = accumulate_grads(state.params, state.ref_params, batch, cfg=cfg, step=state.step)
     groups = {k: np.asarray(batch[k]) for k in GROUP_FIELDS}
     if mesh is not None:
@@ -416,17 +426,11 @@ def train_step(state: RLState, batch: dict, *, cfg) -> tuple[RLState, dict]:
     `init_state` / `place_state`). `cfg` is the full config (model + rl); the input `state` is donated.
     `batch` is `build_batch`'s dict (numpy or jax arrays): a whole batch runs as one jitted step, a
     split one ([M, rows, S]) as M jitted micro-batch steps of bounded shapes and one update."""
-    mesh = pmesh.run_mesh(cfg)
     if np.ndim(batch["tokens"]) == 3:
-        frozen = step_config(cfg if mesh is None else sharded.configure(cfg, cp_layout="natural"))
-        if mesh is None:
-            return _accumulated_step(state, batch, cfg, None, frozen)
-        with jax.set_mesh(mesh):
-            return _accumulated_step(state, batch, cfg, mesh, frozen)
+        with _under(pmesh.run_mesh(cfg)):
+            return _accumulated_step(state, batch, cfg)
     mesh, frozen, b = _step_args(state, batch, cfg)
-    if mesh is None:
-        return _train_step_jit(state, b, cfg=frozen)
-    with jax.set_mesh(mesh):
+    with _under(mesh):
         return _train_step_jit(state, b, cfg=frozen, mesh=mesh)
 
 
@@ -444,13 +448,9 @@ def compile_train_step(state: RLState, batch: dict, *, cfg):
               for k, v in b.items() if k in ROW_FIELDS or k == "replay_indices"}
         acc = _abstract_acc(state, cfg, frozen, mesh)
         args = (state.params, state.ref_params, acc, mb, jax.ShapeDtypeStruct((), jnp.float32), state.step)
-        if mesh is None:
-            return _micro_step_jit.lower(*args, cfg=frozen, mesh=None).compile()
-        with jax.set_mesh(mesh):
+        with _under(mesh):
             return _micro_step_jit.lower(*args, cfg=frozen, mesh=mesh).compile()
-    if mesh is None:
-        return _train_step_jit.lower(state, b, cfg=frozen).compile()
-    with jax.set_mesh(mesh):
+    with _under(mesh):
         return _train_step_jit.lower(state, b, cfg=frozen, mesh=mesh).compile()
 
 
@@ -459,13 +459,10 @@ def compile_apply(state: RLState, batch: dict, *, cfg):
     the batch's group fields, whatever the micro-batches), e.g. to warm it up before a run."""
     mesh, frozen, b = _step_args(state, batch, cfg)
     acc = _abstract_acc(state, cfg, frozen, mesh)
-    if mesh is not None:
-        rep = pmesh.replicated(mesh)
-        groups = {k: jax.ShapeDtypeStruct(b[k].shape, b[k].dtype, sharding=rep) for k in GROUP_FIELDS}
-        with jax.set_mesh(mesh):
-            return _apply_jit.lower(state, acc, groups, cfg=frozen, mesh=mesh).compile()
-    groups = {k: jax.ShapeDtypeStruct(b[k].shape, b[k].dtype) for k in GROUP_FIELDS}
-    return _apply_jit.lower(state, acc, groups, cfg=frozen, mesh=None).compile()
+    rep = None if mesh is None else pmesh.replicated(mesh)
+    groups = {k: jax.ShapeDtypeStruct(b[k].shape, b[k].dtype, sharding=rep) for k in GROUP_FIELDS}
+    with _under(mesh):
+        return _apply_jit.lower(state, acc, groups, cfg=frozen, mesh=mesh).compile()
 
 
 def _abstract_acc(state: RLState, cfg, frozen, mesh):

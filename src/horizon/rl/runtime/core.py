@@ -227,9 +227,7 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
             advantages=group_advantages(rs, cfg), min_version=lo, max_version=hi, start_version=start_version,
             generated_tokens=int(sum(t.num_generated_tokens for t in trajs)), worker=worker, seconds=dt,
             infos=infos, infra=infra))
-    use = policy.usage()
-    return recs, dict(seconds=dt, gen_s=use["gen_s"], tool_wait_s=use["tool_wait_s"], slot_steps=use["slot_steps"],
-                      engine_tokens=int(policy.state["tokens"]), switches=int(policy.state["switches"]),
+    return recs, dict(seconds=dt, **policy.usage(), switches=int(policy.state["switches"]),
                       start_version=start_version,
                       **{f"infra/{k}": v for k, v in delta.items()})
 

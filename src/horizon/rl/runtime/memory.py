@@ -170,9 +170,8 @@ def _bytes_per_device(tree) -> int:
     """Bytes of an abstract pytree per device (a sharded leaf's share; the rest whole)."""
     total = 0
     for x in jax.tree.leaves(tree):
-        n = int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
         sh = getattr(x, "sharding", None)
-        total += int(np.prod(sh.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize if sh is not None else n
+        total += int(np.prod(x.shape if sh is None else sh.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
     return total
 
 

@@ -1,4 +1,4 @@
-"""Where an RL step's time goes (docs/PERF.md, "Where a study step's time goes").
+"""Where an RL step's time goes (docs/PERF.md, "Studies at benchmark speed").
 
 A step is a rollout phase then a train phase, each bracketed by `horizon.utils.compiles` snapshots.
 `split` turns the phases' wall seconds, what they compiled and the rollout's engine usage

@@ -1,4 +1,4 @@
-"""Compile a run's shapes before its first step (docs/PERF.md, "Compile once"; `exp.warmup`).
+"""Compile a run's shapes before its first step (docs/INFERENCE.md, "Compile once"; `exp.warmup`).
 
 An RL step compiles what its shapes need the first time they occur: engine calls (attention
 windows, prefill chunks, row buckets) and train steps (lengths, rows). Every one of those shapes

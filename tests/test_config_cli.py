@@ -44,8 +44,9 @@ def _set_call_policy(tok):
     def policy(contexts, max_new_tokens):
         return [Generation(toks[:max_new_tokens], np.full(min(len(toks), max_new_tokens), -1.0, np.float32))
                 for _ in contexts]
-    # what `engine_policy.rollout_policy`'s policies count
+    # what `engine_policy.rollout_policy`'s policies count and report (`EnginePolicy.usage`)
     policy.state = {"switches": 0, "tokens": 0, "gen_s": 0.0}
+    policy.usage = lambda: dict(gen_s=0.0, tool_wait_s=0.0, slot_steps=0, engine_tokens=0)
     return policy
 
 

@@ -3,6 +3,8 @@
     python experiments/selfsum.py --config=configs/selfsum_tiny.py                 # key_recall, 3 seeds
     python experiments/selfsum.py --config=configs/selfsum_relay.py                # key_relay: >= 2 summaries
     python experiments/selfsum.py --config=configs/selfsum_tiny.py --config.exp.quick=True   # exp.quick_overrides
+    python experiments/selfsum.py --config=configs/selfsum_rl.py --config.exp.seeds="(0,)"  # RL's gain, one seed
+    python experiments/results.py                                                           # docs/RESULTS.md
 
 Task families: `horizon.tasks.key_recall` — read key.txt, then logs past the compaction trigger, so
 the key's observation is gone when the answer is due; `key_relay` adds keys that arrive later, and
@@ -44,7 +46,9 @@ from horizon.inference import sampler
 from horizon.model import transformer
 from horizon.rl.runtime import loop, workers
 from horizon.rl.runtime import memory as rlmemory
+from horizon.studies import ledger
 from horizon.studies import selfsum as ss
+from horizon.studies import selfsum_runs as runs
 from horizon.utils import cli
 from horizon.utils.provenance import Provenance
 from horizon.utils.seeds import run_keys
@@ -64,8 +68,9 @@ def policy_fn(c):
                                                       temperature=float(c.exp.eval.temperature))
 
 
-def run_seed(c) -> dict:
-    """One seed: shared SFT, copy checks, RL + held-out eval per strategy (module docstring)."""
+def run_seed(c, stamp: dict) -> dict:
+    """One seed: shared SFT, copy checks, then per arm (strategy x trigger, `selfsum_runs.arms`) the oracle
+    eval where `exp.oracle`, RL with its step-0 and final evals, and the arm's ledger rows (module docstring)."""
     out, tok, log, family = loop.start_run(c)
     t0 = time.time()
     params = loop.two_stage_sft(transformer.init(run_keys(c.seed)["init"], c.model),
@@ -77,24 +82,37 @@ def run_seed(c) -> dict:
           + "\n  ".join(ss.copy_check_lines(chk, c.exp.strategies, float(c.exp.report.copy_threshold))), flush=True)
     heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
     pool = SandboxPool.from_config(c)
-    logged = lambda: ss.logged_results(out / "metrics.jsonl", c.seed, c.exp.strategies, c.exp.steps)  # noqa: E731
-    results, t_rl = logged(), {}                   # strategies a killed run finished are not run again
+    arms, book = runs.arms(c, c.seed), runs.ledger_file(c)
+    logged = lambda: ss.logged_results(out / "metrics.jsonl", c.seed, [a.name for a in arms], c.exp.steps)  # noqa: E731
+    results, t_rl = logged(), {}                   # arms a killed run finished are not run again
     if results:
         print(f"seed {c.seed}: {sorted(results)} finished in an earlier run: their logged evals are reused", flush=True)
     try:
-        for s in [s for s in c.exp.strategies if s not in results]:
+        for arm in [a for a in arms if a.name not in results]:
             t1 = time.time()
-            rlmemory.release_compiled_if_near_limit(c, tag=f"{ss.run_tag(c.seed, s)}: ")
-            cs = ss.with_strategy(c, s)
-            env = workers.family_env(cs, pool=pool)      # borrows the pool: every strategy in the same sandboxes
-            ev = ss.study_evaluator(env, heldout, cs, tok, strategy=s, policy_fn=policy_fn(cs))
-            loop.run_rl(params, env, cs, tok, out / s, log, evaluate=ev, tag=f"{ss.run_tag(c.seed, s)}: ")
-            results[s] = logged()[s]                     # a resumed run's step-0 eval is an earlier process's
-            t_rl[s] = time.time() - t1
+            rlmemory.release_compiled_if_near_limit(c, tag=f"{ss.run_tag(c.seed, arm.name)}: ")
+            cs = runs.with_arm(c, arm)
+            env = workers.family_env(cs, pool=pool)      # borrows the pool: every arm in the same sandboxes
+            ev = ss.study_evaluator(env, heldout, cs, tok, strategy=arm.strategy, policy_fn=policy_fn(cs))
+            oracle = (runs.oracle_eval(params, env, heldout, cs, tok, strategy=arm.strategy, policy_fn=policy_fn(cs))
+                      if c.exp.get("oracle") else None)
+            if oracle is not None:
+                log(dict(phase="oracle_eval", run=ss.run_tag(c.seed, arm.name), heldout_mean=oracle["heldout_mean"],
+                         oracle_summaries=oracle["oracle_summaries"]))
+                print(f"{ss.run_tag(c.seed, arm.name)}: oracle summaries {oracle['heldout_mean']:.3f} held-out "
+                      f"({oracle['oracle_summaries']} summaries injected)", flush=True)
+            loop.run_rl(params, env, cs, tok, out / arm.name, log, evaluate=ev, tag=f"{ss.run_tag(c.seed, arm.name)}: ")
+            results[arm.name] = logged()[arm.name]       # a resumed run's step-0 eval is an earlier process's
+            t_rl[arm.name] = time.time() - t1
+            if book is not None:
+                evals = dict(sft=results[arm.name]["start"], rl=results[arm.name]["end"], oracle=oracle)
+                n = ledger.append_rows(book, runs.ledger_rows(c, arm, evals, stamp, command=" ".join(sys.argv),
+                                                              run_wall_s=t_rl[arm.name]))
+                print(f"{ss.run_tag(c.seed, arm.name)}: {n} rows appended to {book}", flush=True)
     finally:
         pool.close()
         log.close()
-    return dict(results={s: results[s] for s in c.exp.strategies}, copy_check=chk, sft_s=t_sft, rl_s=t_rl)
+    return dict(results={a.name: results[a.name] for a in arms}, copy_check=chk, sft_s=t_sft, rl_s=t_rl)
 
 
 def main(argv=None):
@@ -106,7 +124,7 @@ def main(argv=None):
         cs = copy.deepcopy(c)
         cs.seed = int(seed)
         cs.exp.out_dir = f"{c.exp.out_dir}/seed{seed}"
-        per_seed[int(seed)] = run_seed(cs)
+        per_seed[int(seed)] = run_seed(cs, prov.fields())
     out, _, log, _ = loop.start_run(c)
     log.close()
     rows = ss.study_rows({k: v["results"] for k, v in per_seed.items()}, c.exp.report)

@@ -50,16 +50,18 @@ def config_edit_demos(tasks, tok, rng: np.random.Generator, *, corrupt_prob: flo
 
 
 def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrupt_prob: float, seed: int,
-                     key_alphabet: str, map_fn=map, correct_finals_only: bool = False
-                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+                     key_alphabet: str, map_fn=map, correct_finals_only: bool = False, keep_prob: float = 1.0,
+                     memo_keep_prob: float = 0.0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Demonstration chains of `KeyRecallDemoPolicy` through the real agent loop, one
     segment per row. `sandboxes` (any backend; commands are the env's own `cat`s) are reused
     in chunks, their tool calls in as many threads; `map_fn` may run resets in threads. Under
     observation masking the demonstrator notes each key in its own next turn (`notes`: the memory masking keeps). With
     `correct_finals_only` a chain's final answer is trained on only when it is right (a sliding
-    window's answer is a guess: its reads are still its own correct demonstration)."""
+    window's answer is a guess: its reads are still its own correct demonstration). `keep_prob` and
+    `memo_keep_prob`: the long-horizon family's omission rule (`KeyRecallDemoPolicy`)."""
     policy = KeyRecallDemoPolicy(tok, corrupt_prob, seed, key_alphabet,
-                                 notes=agent_cfg.context_strategy == "observation_masking")
+                                 notes=agent_cfg.context_strategy == "observation_masking", keep_prob=keep_prob,
+                                 memo_keep_prob=memo_keep_prob)
     rows = []
     n = len(sandboxes)
     for i in range(0, len(tasks), n):
@@ -102,6 +104,33 @@ def ordered_keys(text: str) -> list[str]:
     return list(dict.fromkeys(key_recall.KEY_RE.findall(text)))
 
 
+SUMMARY_QUERIES = {key_recall.SUMMARY_QUERY: "self_summary", key_recall.COMPACTION_QUERY: "prompt_compaction",
+                   key_recall.CONDENSER_QUERY: "summarizing_condenser"}      # the family's query -> strategy
+
+
+def summary_kind(context, tok) -> tuple[str | None, str]:
+    """(the strategy whose summary query ends `context`, or None; the context's text)."""
+    text, last_msg, _ = _turns_of(context, tok)
+    return SUMMARY_QUERIES.get(last_msg), text
+
+
+def carried_memory(text: str) -> str:
+    """The memory a rewritten context carries (its summary message, from `SUMMARY_HEADER` to the
+    first call after it), "" in a context never rewritten."""
+    at = text.find(key_recall.SUMMARY_HEADER.strip())
+    if at < 0:
+        return ""
+    end = text.find("<function=", at)
+    return text[at:] if end < 0 else text[at:end]
+
+
+def _file_list(names: list[str], n_logs: int) -> str:
+    """Files as a memory lists them: each name, or on a family of more than 9 logs (the long-horizon
+    one) the first and last joined by "to" where there are more than two, which keeps a compaction
+    summary inside the context limit."""
+    return " ".join(names) if n_logs <= 9 or len(names) <= 2 else f"{names[0]} to {names[-1]}"
+
+
 @dataclasses.dataclass
 class KeyRecallDemoPolicy:
     """Scripted demonstrator of the key-recall families that acts from the context only, the way a
@@ -114,13 +143,24 @@ class KeyRecallDemoPolicy:
     the context if any, else another letter); the final answer copies the keys the context holds,
     in order, so a lossy memory costs the chain its reward: the signal RL through summaries learns
     from (docs/SPEC.md §6: the final reward applies to every token of the chain). Deterministic: the draw
-    is a hash of (seed, context)."""
+    is a hash of (seed, context).
+
+    On the long-horizon family (pins and memos, `horizon.tasks.key_recall` "Long horizons") a memory
+    lists every fact the context holds — keys, the pin, "pin needed", memos, in that order — and the
+    lossy-demo rule is omission, not corruption: a key, the pin or "pin needed" read since the last
+    memory is kept with probability `keep_prob`, a memo with `memo_keep_prob`, and a fact an earlier
+    memory holds is kept (`_kept`). Every fact written is a correct copy (the copy still forms in SFT),
+    but which new facts a summary keeps is left for RL to learn (docs/SPEC.md §6). The final answer
+    appends the pin where the context says it is needed.
+    `keep_prob=1, memo_keep_prob=0` is the perfect summarizer (the study's oracle)."""
 
     tok: object
     corrupt_prob: float = 0.0
     seed: int = 0
     key_alphabet: str = key_recall.KEY_ALPHABET
     notes: bool = False
+    keep_prob: float = 1.0
+    memo_keep_prob: float = 0.0
 
     def _rng(self, text: str) -> random.Random:
         return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
@@ -141,14 +181,43 @@ class KeyRecallDemoPolicy:
             keys[i] = rng.choice(decoys or [k for k in self.key_alphabet if k not in keys])
         return ", ".join(f"key {key_recall.KEY_MARK}{k}" for k in keys)
 
+    def _memory(self, text: str, rng: random.Random) -> str:
+        """The facts a memory writes: the keys (`_memory_keys`), or on the long-horizon family every
+        fact of the context minus the omissions of the lossy rule (class docstring, `_kept`)."""
+        extra = [f for f in dict.fromkeys(key_recall.FACT_RE.findall(text)) if not f.startswith("key ")]
+        if not extra and self.keep_prob >= 1.0:
+            return self._memory_keys(self._keys(text, rng), text, rng)
+        keys = ordered_keys(text)
+        mem = self._memory_keys(keys, text, rng).split(", ") if keys else []
+        items = mem + sorted(extra, key=lambda f: f.startswith("memo"))       # keys, pin facts, then memos
+        return ", ".join(f for f in items if self._kept(f, text))
+
+    def _kept(self, fact: str, text: str) -> bool:
+        """Whether a memory keeps `fact`: always where an earlier memory in `text` holds it (what was
+        kept stays kept), else one draw per fact and task — keyed on the fact and the observation
+        it came in, so every memory of the episode that sees the observation decides alike and a
+        strategy that summarizes more often is not dropped from more often."""
+        if fact in carried_memory(text):
+            return True
+        at = text.find(fact)
+        where = text[max(0, at - 40):at + 40]
+        p = self.memo_keep_prob if fact.startswith("memo") else self.keep_prob
+        return random.Random(zlib.crc32(f"{fact}|{where}".encode()) ^ (self.seed * 0x9E3779B1)).random() < p
+
+    def answer(self, text: str, keys: list[str]) -> str:
+        """The final answer: `keys` in order, and the pin where `text` says it is needed."""
+        pin = key_recall.PIN_RE.findall(text)
+        tail = [pin[0]] if pin and key_recall.PIN_NEEDED in text else []
+        return " ".join(key_recall.KEY_MARK + k for k in keys + tail)
+
     def summary(self, text: str, kind: str = "self_summary") -> str:
         rng = self._rng(text)
-        keys = self._memory_keys(self._keys(text, rng), text, rng)
+        keys = self._memory(text, rng)
         last, n = self._last_log(text), key_recall.n_logs_of(text)
         if kind == "self_summary":
-            return f"<summary>{keys}, last {last}.log</summary>"
-        pending = " ".join(f"{i}.log" for i in range(last + 1, n + 1)) or "none"
-        done = " ".join([key_recall.KEY_FILE] + [f"{i}.log" for i in range(1, last + 1)])
+            return f"<summary>{keys + ', ' if keys else ''}last {last}.log</summary>"
+        pending = _file_list([f"{i}.log" for i in range(last + 1, n + 1)], n) or "none"
+        done = _file_list([key_recall.KEY_FILE] + [f"{i}.log" for i in range(1, last + 1)], n)
         if kind == "summarizing_condenser":
             body = {"context": f"read key.txt, {n} logs; reply keys", "completed": done, "pending": pending,
                     "state": f"{keys}, last {last}.log"}
@@ -169,10 +238,8 @@ class KeyRecallDemoPolicy:
 
     def act(self, context) -> str:
         text, last_msg, own = _turns_of(context, self.tok)
-        queries = {key_recall.SUMMARY_QUERY: "self_summary", key_recall.COMPACTION_QUERY: "prompt_compaction",
-                   key_recall.CONDENSER_QUERY: "summarizing_condenser"}
-        if last_msg in queries:
-            return self.summary(text, queries[last_msg])
+        if last_msg in SUMMARY_QUERIES:
+            return self.summary(text, SUMMARY_QUERIES[last_msg])
         if self._last_log(text) == 0 and not key_recall.KEY_RE.search(text):     # nothing read yet
             return render_call("read", {"path": key_recall.KEY_FILE})
         last, n = self._last_log(text), key_recall.n_logs_of(text)
@@ -180,7 +247,7 @@ class KeyRecallDemoPolicy:
         if last < n:
             return render_call("read", {"path": f"{last + 1}.log"}, thinking=note)
         keys = ordered_keys(text + "\n" + (note or "")) or self._keys(text, self._rng(text))
-        return render_final(" ".join(key_recall.KEY_MARK + k for k in keys), thinking=note)
+        return render_final(self.answer(text, keys), thinking=note)
 
     def __call__(self, contexts, max_new_tokens: int):
         out = []

@@ -16,6 +16,9 @@ demonstrations for the SFT warm start. Two families exist:
   (key.txt, then logs spread over the run) and the answer is every key in order, so an episode
   needs >= 2 summaries and a summary must carry forward what an earlier one held; the same
   demonstrator (it writes every key the context holds).
+  With `exp.task.n_memos` and `exp.task.pin_prob` it is the long-horizon family of the RL
+  self-summarization study (configs/selfsum_rl.py): distractor memos and a pin whose importance
+  shows only in the last log (`horizon.tasks.key_recall`, "Long horizons").
 
 - ``swebench`` (`horizon.tasks.swebench`): a SWE-bench JSONL task set (e.g. the generator's
   runs/swegen/train.jsonl and heldout.jsonl: `exp.task.train_path`, `exp.task.heldout_path`); train
@@ -138,7 +141,9 @@ def family_from_config(e) -> Family:
         def make(seed, _t=t):
             return key_recall.make_key_recall_task(seed, n_logs=int(_t.n_logs), log_lines=int(_t.log_lines),
                                                    n_decoys=int(_t.n_decoys), key_alphabet=str(_t.key_alphabet),
-                                                   n_keys=n_keys, slot_alphabets=bool(_t.get("slot_alphabets", False)))
+                                                   n_keys=n_keys, slot_alphabets=bool(_t.get("slot_alphabets", False)),
+                                                   n_memos=int(_t.get("n_memos", 0)),
+                                                   pin_prob=float(_t.get("pin_prob", 0.0)))
         # the env's only tool reads: no edit is possible, so the eager-edit check is skipped
         return Family(e.env, key_recall.SYSTEM_PROMPT, make, key_recall.key_recall_seeds,
                       key_recall.key_recall_registry, check_edits=False)

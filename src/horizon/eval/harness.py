@@ -42,7 +42,7 @@ from horizon.agent import STATS_KEYS, Episode, ScriptedPolicy, episode_step_limi
 from horizon.env.families import make_episode as family_episode
 from horizon.env.rollouts import task_image
 from horizon.eval import behaviour
-from horizon.inference.policy import Policy, rollout_policy
+from horizon.inference.policy import Policy, StreamWrapper, rollout_policy
 from horizon.inference.sampler import ParamsHolder
 from horizon.model import hf, transformer
 from horizon.tasks import open_task_sandbox, verify
@@ -188,14 +188,12 @@ class _DoneClock:
         return out
 
 
-class _ClockStream:
+class _ClockStream(StreamWrapper):
     """An engine stream (`horizon.inference.policy.EngineStream`) whose round-trips stamp `clock`."""
 
     def __init__(self, clock: _DoneClock, stream):
-        self.clock, self.inner = clock, stream
-
-    def submit(self, episode: int, context, max_new_tokens: int) -> None:
-        self.inner.submit(episode, context, max_new_tokens)
+        super().__init__(stream)
+        self.clock = clock
 
     def advance(self) -> list:
         self.clock.stamp()
@@ -203,16 +201,6 @@ class _ClockStream:
         out = self.inner.advance()
         self.clock.gen_s += time.perf_counter() - t
         return out
-
-    def release(self, episode: int) -> None:
-        self.inner.release(episode)
-
-    def idle(self, seconds: float) -> None:
-        self.inner.idle(seconds)
-
-    @property
-    def busy(self) -> bool:
-        return self.inner.busy
 
 
 def _open(setup: EvalSetup, task):

@@ -85,6 +85,30 @@ class EngineStream:
         return bool(self.by_rid)
 
 
+class StreamWrapper:
+    """An engine stream that forwards every call to `inner`: the base of wrappers that change one or
+    two calls (the eval harness's clock, the oracle-summary policy of the self-summarization study)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def submit(self, episode: int, context: np.ndarray, max_new_tokens: int) -> None:
+        self.inner.submit(episode, context, max_new_tokens)
+
+    def advance(self) -> list:
+        return self.inner.advance()
+
+    def release(self, episode: int) -> None:
+        self.inner.release(episode)
+
+    def idle(self, seconds: float) -> None:
+        self.inner.idle(seconds)
+
+    @property
+    def busy(self) -> bool:
+        return self.inner.busy
+
+
 class EnginePolicy:
     """The engine as the agent's policy (horizon.agent).
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from horizon.agent import split_turns
 from horizon.agent.summarize import STRATEGIES, SUMMARIZING
 from horizon.env.demos import key_recall_demos, ordered_keys
 from horizon.env.families import family_from_config
@@ -56,14 +57,25 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
             t0 = time.time()
             rows[s] = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
                                        seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet),
-                                       correct_finals_only=correct_finals_only, map_fn=pool.map)
-            print(f"demos {s} (lossy memories {corrupt_prob:.2f}): {len(tasks)} chains -> {len(rows[s])} segments, "
+                                       correct_finals_only=correct_finals_only, map_fn=pool.map, **keep_rule(c))
+            rule = keep_rule(c)
+            lossy = (f"lossy memories {corrupt_prob:.2f}" if rule["keep_prob"] >= 1.0 else
+                     f"facts kept {rule['keep_prob']:.2f}, memos {rule['memo_keep_prob']:.2f}")
+            print(f"demos {s} ({lossy}): {len(tasks)} chains -> {len(rows[s])} segments, "
                   f"{sum(int(m.sum()) for _, m in rows[s])} trained tokens ({time.time() - t0:.0f}s)", flush=True)
         return rows if per_strategy else [r for s in strategies for r in rows[s]]
     finally:
         pool.shutdown()
         for b in boxes:
             b.close()
+
+
+def keep_rule(c) -> dict:
+    """The lossy-demo omission rule of `exp.sft` (`KeyRecallDemoPolicy`: each needed fact of a
+    memory kept with `keep_prob`, each memo with `memo_keep_prob`), alike for every strategy and
+    both SFT stages; the defaults keep every fact and no memo."""
+    s = c.exp.sft
+    return dict(keep_prob=float(s.get("keep_prob", 1.0)), memo_keep_prob=float(s.get("memo_keep_prob", 0.0)))
 
 
 def stage1_configs(c) -> list:
@@ -129,9 +141,11 @@ def weight_key_tokens(tokens, mask, tok, weight: float):
     """(tokens, mask) with the loss weight of every trained key-letter token (`key_token_positions`:
     in a summary, a masking note or an answer, of any strategy) multiplied by `weight`: stage 1's
     `exp.sft.clean_key_weight`. Applied after `balance_rows`, to every strategy alike; the copy is
-    ~2% of a chain's trained tokens, and its gradient is what forms the lookup (docs/PERF.md)."""
+    ~2% of a chain's trained tokens, and its gradient is what forms the lookup (docs/PERF.md). The
+    long-horizon family's pin letter is a needed fact too and is weighted alike."""
     m = np.asarray(mask, np.float32).copy()
-    keys = ordered_keys(tok.decode(tokens))
+    text = tok.decode(tokens)
+    keys = ordered_keys(text) + key_recall.PIN_RE.findall(text)
     for i in key_token_positions(tokens, m, keys, tok):
         m[i] *= weight
     return tokens, m
@@ -260,11 +274,24 @@ def episode_record(ep, solved: bool, strategy: str, seed: int, tok) -> dict:
     else:
         memory = "\n".join(tok.decode(m.tokens) if m.tokens is not None else m.text for m in msgs)
     gen = int(ep.generated_tokens)
-    return dict(strategy=strategy, seed=int(seed), task_id=str(ep.task.id), solved=bool(solved),
+    carry = sm.memory_carry(summary_pairs(ep.segments, tok) if strategy in SUMMARIZING else [], facts,
+                            list(ep.task.metadata.get("distractors", ())))
+    return dict(carry, strategy=strategy, seed=int(seed), task_id=str(ep.task.id), solved=bool(solved),
                 end_reason=ep.end_reason, generated_tokens=gen, summaries=int(ep.stats["summaries"]),
                 summary_tokens=int(ep.stats["summary_tokens"]), rewrites=len(ep.segments) - 1,
                 prefill_tokens=sm.prefill_tokens([seg.tokens for seg in ep.segments], gen),
                 compaction_error=sm.compaction_error(solved, [f for f in facts if f in before], memory))
+
+
+def summary_pairs(segments, tok) -> list[tuple[str, str]]:
+    """(context before the summary, the summary) of every summary turn: the last turn of each segment
+    but the last (a summarizing strategy's rewrite follows its summary)."""
+    out = []
+    for seg in segments[:-1]:
+        turns = split_turns(seg.tokens, tok)
+        if turns and turns[-1][0] == "assistant":
+            out.append(("\n".join(t for _, t in turns[:-1]), turns[-1][1]))
+    return out
 
 
 def study_eval(policy, env, tasks, c, tok, *, strategy: str, seed: int) -> dict:
@@ -359,6 +386,14 @@ def validate_study(c) -> None:
     need_float(r, "copy_threshold", "exp.report", 0.0, 1.0)
     if not isinstance(e.get("quick", False), bool):
         raise ConfigError(f"exp.quick={e.quick!r}: must be True or False")
+    if not isinstance(e.get("oracle", False), bool):
+        raise ConfigError(f"exp.oracle={e.oracle!r}: must be True or False")
+    trig = tuple(e.get("triggers", ()))
+    need(all(isinstance(t, int) and 0 < t < int(c.agent.max_context_tokens) for t in trig), "exp.triggers", trig,
+         f"must be ints in (0, agent.max_context_tokens={c.agent.max_context_tokens})")
+    for k in ("keep_prob", "memo_keep_prob"):
+        if k in e.sft:
+            need_float(e.sft, k, "exp.sft", 0.0, 1.0)
 
 
 # ----------------------------------------------------------------------------- report

@@ -4,7 +4,8 @@ records, so every number in `selfsum.md` can be checked by hand on a synthetic t
 An episode record (`episode_record`, one per held-out episode of the final eval) is a dict with
 `strategy`, `seed`, `task_id`, `pass_index`, `solved`, `generated_tokens` (tokens the policy
 decoded, each once), `summaries`, `summary_tokens`, `rewrites` (context rewrites: segments - 1),
-`prefill_tokens` (`prefill_tokens`), `compaction_error` (`compaction_error`).
+`prefill_tokens` (`prefill_tokens`), `compaction_error` (`compaction_error`), and what the summaries
+carried (`memory_carry`: `needed_seen`, `needed_kept`, `distractors_seen`, `distractors_kept`).
 
 - success: mean over seeds x tasks x passes with a 95% bootstrap CI (`bootstrap_ci`: tasks
   resampled within each seed, each with all its passes — passes of one task are not independent);
@@ -31,6 +32,23 @@ def compaction_error(solved: bool, seen_before: Sequence[str], memory: str) -> b
     the final context kept) lacks a needed fact that the context held before the last compaction
     (`seen_before`). Succeeded episodes and episodes that never compacted are never counted."""
     return (not solved) and any(f not in memory for f in seen_before)
+
+
+def memory_carry(summaries: Sequence[tuple[str, str]], needed: Sequence[str], distractors: Sequence[str]) -> dict:
+    """What an episode's memory carried to its end: over its (context before the summary, summary
+    text) pairs, the needed facts any summarized context held (`needed_seen`) and how many of them
+    the last summary still writes (`needed_kept`), and the same for the distractors. A fact read
+    before a summary survives only through every summary after it, so this is the end-to-end carry
+    the final answer depends on (docs/RESULTS.md); 0 / 0 for an episode that never summarized."""
+    out = dict(needed_seen=0, needed_kept=0, distractors_seen=0, distractors_kept=0)
+    if not summaries:
+        return out
+    before = "\n".join(b for b, _ in summaries)
+    last = summaries[-1][1]
+    for kind, facts in (("needed", needed), ("distractors", distractors)):
+        seen = [f for f in facts if f in before]
+        out[f"{kind}_seen"], out[f"{kind}_kept"] = len(seen), sum(f in last for f in seen)
+    return out
 
 
 def prefill_tokens(segments: Sequence[Int[np.ndarray, " n"]], generated: int) -> int:

@@ -38,6 +38,18 @@ the first and last did (docs/PERF.md "Self-summarization study, the harder famil
 same one-head content lookup as the single key; the summary must still carry every earlier key
 (whose observation has left the context), which is what the family tests.
 
+**Long horizons** (configs/selfsum_rl.py, docs/SPEC.md §6): up to `MAX_LOGS` logs (>= 12 actions and
+several rewrites at the trigger), two more kinds of lines, drawn from their own stream so every other
+task is unchanged:
+
+- memos (`n_memos`): "memo #q", a marked lowercase letter in a random log. They look like facts and
+  are never needed (`metadata["distractors"]`): a summary that keeps them spends tokens on nothing.
+- the pin (`pin_prob` > 0): "pin #P" in one of the first three logs, its letter from a slice of the
+  alphabet of its own (`slot_alphabet(..., n_keys + 1, n_keys)`). Whether it matters shows only in the
+  last log: with probability `pin_prob` that log says "pin needed", and the answer is then every key
+  and the pin ("#Q #Z #B #P"). A summary written before the last log cannot know, so the one that
+  never loses the answer keeps the pin.
+
 This module is data and rules only (tasks, the env's tool, the patterns a summary or log line
 follows); the demonstrator that acts in the agent loop (`horizon.env.demos.KeyRecallDemoPolicy`)
 and the family wiring (`horizon.env.families`) sit above the agent layer.
@@ -45,6 +57,7 @@ and the family wiring (`horizon.env.families`) sit above the agent layer.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import shlex
@@ -83,6 +96,13 @@ SUMMARY_HEADER = "Summary: "
 STATE_TEMPLATE = "State: {summaries} summaries, {turns} turns."
 _PATH_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 KEY_RE = re.compile(r"key #([A-Z])")               # "key #Q", in the file and in summaries; not decoys
+MEMO_TEMPLATE = "memo #{}"                           # a distractor line (lowercase letter): never needed
+PIN_TEMPLATE = "pin #{}"                             # the pin: needed only where the last log says PIN_NEEDED
+PIN_NEEDED = "pin needed"
+PIN_RE = re.compile(r"pin #([A-Z])")
+FACT_RE = re.compile(r"key #[A-Z]|pin #[A-Z]|pin needed|memo #[a-z]")   # what a memory may carry, in order
+MEMO_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+MAX_LOGS = 16
 DECOY_TEMPLATE = "old {} revoked"                   # a decoy log line: written by `_log`, read by the demonstrator
 DECOY_RE = re.compile(re.escape(DECOY_TEMPLATE).replace(r"\{\}", "([A-Z])"))
 LAST_RE = re.compile(r"(?:last|current:) (\d+)\.log")
@@ -125,16 +145,23 @@ def slot_alphabet(key_alphabet: str, n_keys: int, i: int) -> str:
 
 
 def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_decoys: int = 2,
-                         key_alphabet: str = KEY_ALPHABET, n_keys: int = 1, slot_alphabets: bool = False) -> Task:
+                         key_alphabet: str = KEY_ALPHABET, n_keys: int = 1, slot_alphabets: bool = False,
+                         n_memos: int = 0, pin_prob: float = 0.0) -> Task:
     """The deterministic key-recall task for `seed` (module docstring); `n_keys` > 1: keys 2..n
     in the logs of `late_key_logs`, the answer every key in order. `slot_alphabets`: key i is a
     letter of the i-th disjoint slice of `key_alphabet` (`slot_alphabet`), so which slot a letter
-    fills is in the letter itself (module docstring, "Several keys"); no decoys with it."""
+    fills is in the letter itself (module docstring, "Several keys"); no decoys with it. `n_memos`
+    distractor lines and a pin needed with probability `pin_prob` ("Long horizons"; the pin needs
+    `slot_alphabets`)."""
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    if not 1 <= n_logs <= 9 or log_lines < 1 or not 0 <= n_decoys <= n_logs or not 1 <= n_keys <= n_logs + 1:
-        raise ValueError(f"bad sizes: n_logs={n_logs} (1..9), log_lines={log_lines} (>=1), "
-                         f"n_decoys={n_decoys} (0..n_logs), n_keys={n_keys} (1..n_logs+1)")
+    if (not 1 <= n_logs <= MAX_LOGS or log_lines < 1 or not 0 <= n_decoys <= n_logs or not 1 <= n_keys <= n_logs + 1
+            or not 0 <= n_memos <= len(MEMO_ALPHABET) or not 0.0 <= pin_prob <= 1.0):
+        raise ValueError(f"bad sizes: n_logs={n_logs} (1..{MAX_LOGS}), log_lines={log_lines} (>=1), "
+                         f"n_decoys={n_decoys} (0..n_logs), n_keys={n_keys} (1..n_logs+1), "
+                         f"n_memos={n_memos} (0..26), pin_prob={pin_prob} (0..1)")
+    if pin_prob > 0 and not slot_alphabets:
+        raise ValueError("pin_prob > 0 needs slot_alphabets=True (the pin's letter has a slice of its own)")
     if len(key_alphabet) < n_keys + n_decoys:
         raise ValueError(f"key_alphabet {key_alphabet!r} has no room for {n_keys} keys and {n_decoys} decoys")
     _check_alphabet(key_alphabet, n_decoys)
@@ -142,8 +169,13 @@ def make_key_recall_task(seed: int, *, n_logs: int = 4, log_lines: int = 6, n_de
         raise ValueError(f"slot_alphabets needs n_keys >= 2 and no decoys, got n_keys={n_keys}, n_decoys={n_decoys}")
     rng = random.Random(f"key-recall-{seed}")
     if slot_alphabets:
-        keys = [rng.choice(slot_alphabet(key_alphabet, n_keys, i)) for i in range(n_keys)]
-        return _task(seed, rng, n_logs, log_lines, keys, [], {})
+        slots = n_keys + (pin_prob > 0)
+        keys = [rng.choice(slot_alphabet(key_alphabet, slots, i)) for i in range(n_keys)]
+        task = _task(seed, rng, n_logs, log_lines, keys, [], {})
+        if n_memos or pin_prob > 0:
+            task = _long_horizon(task, random.Random(f"key-relay-extra-{seed}"), n_memos, pin_prob,
+                                 slot_alphabet(key_alphabet, slots, n_keys) if pin_prob > 0 else "")
+        return task
     key = rng.choice(key_alphabet)
     decoys = rng.sample([k for k in key_alphabet if k != key], n_decoys)
     decoy_at = dict(zip(rng.sample(range(1, n_logs + 1), n_decoys), decoys))
@@ -167,6 +199,35 @@ def _task(seed: int, rng: random.Random, n_logs: int, log_lines: int, keys: list
                 metadata={"source": "key_recall", "seed": seed, "key": key, "keys": keys, "decoys": decoys,
                           "n_logs": n_logs, "expected": [[answer]], "answer_match": "exact",
                           "facts": [f"key {KEY_MARK}{k}" for k in keys]})
+
+
+def _insert_line(rng: random.Random, text: str, line: str) -> str:
+    lines = text.splitlines()
+    lines.insert(rng.randrange(len(lines) + 1), line)
+    return "\n".join(lines) + "\n"
+
+
+def _long_horizon(task: Task, rng: random.Random, n_memos: int, pin_prob: float, pin_alphabet: str) -> Task:
+    """`task` with memos and the pin added ("Long horizons"): the same files otherwise, the answer
+    extended by the pin where the last log asks for it; `metadata["facts"]` lists what the answer
+    needs, `metadata["distractors"]` the memos."""
+    n = int(task.metadata["n_logs"])
+    files, meta = dict(task.files), dict(task.metadata)
+    memos = rng.sample(MEMO_ALPHABET, n_memos)
+    for m in memos:
+        name = f"{rng.randrange(1, n + 1)}.log"
+        files[name] = _insert_line(rng, files[name], MEMO_TEMPLATE.format(m))
+    answer, facts, pin, needed = task.final_answer, list(meta["facts"]), None, False
+    if pin_alphabet:
+        pin, needed = rng.choice(pin_alphabet), rng.random() < pin_prob
+        name = f"{rng.randrange(1, min(3, n) + 1)}.log"
+        files[name] = _insert_line(rng, files[name], PIN_TEMPLATE.format(pin))
+        if needed:
+            files[f"{n}.log"] = _insert_line(rng, files[f"{n}.log"], PIN_NEEDED)
+            answer, facts = f"{answer} {KEY_MARK}{pin}", facts + [PIN_TEMPLATE.format(pin)]
+    meta.update(expected=[[answer]], facts=facts, distractors=[MEMO_TEMPLATE.format(m) for m in memos],
+                pin=pin, pin_needed=needed)
+    return dataclasses.replace(task, files=files, final_answer=answer, metadata=meta)
 
 
 def key_recall_task_from_id(task_id: str, **kw) -> Task:

@@ -1,0 +1,132 @@
+"""The committed study ledger (docs/SPEC.md §7, §7.2): one JSON row per held-out evaluation episode,
+appended to ``docs/results/<study>.jsonl``, from which docs/RESULTS.md is rebuilt
+(experiments/results.py, `horizon.studies.results_md`).
+
+The ledger is append-only so a study can be resumed and extended across sessions (more seeds, a
+rerun of one strategy): a row's identity is `KEY_FIELDS`, and `read_rows` keeps the last row of
+each identity, so a rerun replaces its earlier rows and nothing is counted twice.
+
+A row holds, all required (`validate_row`): study, trigger (the compaction trigger in tokens),
+seed, strategy, phase (`PHASES`: the post-SFT policy, the post-RL policy, and the post-SFT policy
+with the demonstrator's perfect summaries injected), task_id, pass_index, solved, summaries,
+summary_tokens, generated_tokens, compaction_error, needed_seen / needed_kept (needed facts the
+context held before a compaction / those the memory kept after it), distractors_seen /
+distractors_kept (the same for distractor facts), and provenance (`horizon.utils.provenance`).
+Extra fields (e.g. ``run_wall_s``, ``command``) are allowed and kept.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import pathlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from horizon.eval.report import read_jsonl
+from horizon.utils.provenance import REPO
+
+KEY_FIELDS = ("study", "trigger", "seed", "strategy", "phase", "task_id", "pass_index")
+PHASES = ("sft", "rl", "oracle")
+RESULTS_DIR = "docs/results"        # relative to the repository root: <study>.jsonl and <study>.md notes
+
+COUNTS = ("summaries", "summary_tokens", "generated_tokens", "needed_seen", "needed_kept", "distractors_seen",
+          "distractors_kept")
+FIELDS: dict[str, str] = dict(
+    study="str", trigger="int", seed="int", strategy="str", phase="str", task_id="str", pass_index="int",
+    solved="bool", **{k: "int" for k in COUNTS[:3]}, compaction_error="bool", **{k: "int" for k in COUNTS[3:]},
+    provenance="dict")
+
+
+def ledger_path(study: str, root: str | pathlib.Path = REPO) -> pathlib.Path:
+    """Where `study`'s ledger lives under the repository `root`."""
+    return pathlib.Path(root) / RESULTS_DIR / f"{study}.jsonl"
+
+
+def _is(v, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(v, (bool, np.bool_))
+    if kind == "int":        # a bool is an int to Python, never to the ledger
+        return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+    return isinstance(v, {"str": str, "dict": dict}[kind])
+
+
+def validate_row(row: dict) -> None:
+    """Raise a one-line ValueError naming the first bad field of `row`: missing, of the wrong type,
+    an unknown phase, a negative count, or more facts kept than seen."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a ledger row must be a dict, got {type(row).__name__}")
+    for k, kind in FIELDS.items():
+        if k not in row:
+            raise ValueError(f"field {k!r} is missing")
+        if not _is(row[k], kind):
+            raise ValueError(f"field {k!r} must be {kind}, got {type(row[k]).__name__} {row[k]!r:.60}")
+    if row["phase"] not in PHASES:
+        raise ValueError(f"field 'phase' must be one of {PHASES}, got {row['phase']!r}")
+    for k in ("trigger", "pass_index", *COUNTS):
+        if row[k] < 0:
+            raise ValueError(f"field {k!r} must be >= 0, got {row[k]}")
+    for kind in ("needed", "distractors"):
+        if row[f"{kind}_kept"] > row[f"{kind}_seen"]:
+            raise ValueError(f"field '{kind}_kept' ({row[f'{kind}_kept']}) exceeds {kind}_seen "
+                             f"({row[f'{kind}_seen']})")
+
+
+def row_key(row: dict) -> tuple:
+    """A row's identity (`KEY_FIELDS`): two rows with one key are one episode, run twice."""
+    return tuple(row[k] for k in KEY_FIELDS)
+
+
+def _plain(x):
+    """JSON for numpy scalars (a row may carry np.int64 counts or np.bool_ flags)."""
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def append_rows(path: str | pathlib.Path, rows: Iterable[dict]) -> int:
+    """Validate every row of `rows`, then append them to the JSONL `path` (parents created): one bad
+    row writes nothing, so a ledger never holds half a batch. Returns the number of rows appended."""
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        try:
+            validate_row(r)
+        except ValueError as e:
+            raise ValueError(f"row {i}: {e}") from None
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r, sort_keys=True, default=_plain) + "\n" for r in rows)
+    with path.open("a") as f:
+        f.write(text)
+    return len(rows)
+
+
+def dedupe(rows: Sequence[dict]) -> list[dict]:
+    """`rows` with one row per `row_key`: the last one, at the place its key first appeared (a rerun
+    replaces the earlier episode and keeps the table's order)."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        out[row_key(r)] = r
+    return list(out.values())
+
+
+def read_rows(path: str | pathlib.Path) -> list[dict]:
+    """The validated rows of the ledger `path`, last row winning per `KEY_FIELDS` (`dedupe`)."""
+    rows = read_jsonl(path)
+    for i, r in enumerate(rows, 1):
+        try:
+            validate_row(r)
+        except ValueError as e:
+            raise ValueError(f"{path}: row {i}: {e}") from None
+    return dedupe(rows)
+
+
+def episode_rows(episodes: Sequence[dict], *, study: str, trigger: int, phase: str, strategy: str,
+                 provenance: dict, **extra) -> list[dict]:
+    """Ledger rows of a study eval's per-episode records (`horizon.studies.selfsum.episode_record`
+    plus `pass_index`): the record's fields, the row identity (`study`, `trigger`, `phase`, and
+    `strategy`: the arm's strategy, whatever the record's run was called) and `provenance`; `extra`
+    (e.g. ``command``) on every row. Validated on append."""
+    return [dict(e, **extra, study=study, trigger=int(trigger), phase=phase, strategy=strategy,
+                 provenance=provenance) for e in episodes]

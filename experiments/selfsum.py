@@ -46,7 +46,6 @@ from horizon.inference import sampler
 from horizon.model import transformer
 from horizon.rl.runtime import loop, workers
 from horizon.rl.runtime import memory as rlmemory
-from horizon.studies import ledger
 from horizon.studies import selfsum as ss
 from horizon.studies import selfsum_runs as runs
 from horizon.utils import cli
@@ -97,18 +96,16 @@ def run_seed(c, stamp: dict) -> dict:
             oracle = (runs.oracle_eval(params, env, heldout, cs, tok, strategy=arm.strategy, policy_fn=policy_fn(cs))
                       if c.exp.get("oracle") else None)
             if oracle is not None:
-                log(dict(phase="oracle_eval", run=ss.run_tag(c.seed, arm.name), heldout_mean=oracle["heldout_mean"],
-                         oracle_summaries=oracle["oracle_summaries"]))
+                log(dict(oracle, phase="oracle_eval", run=ss.run_tag(c.seed, arm.name)))
                 print(f"{ss.run_tag(c.seed, arm.name)}: oracle summaries {oracle['heldout_mean']:.3f} held-out "
                       f"({oracle['oracle_summaries']} summaries injected)", flush=True)
             loop.run_rl(params, env, cs, tok, out / arm.name, log, evaluate=ev, tag=f"{ss.run_tag(c.seed, arm.name)}: ")
             results[arm.name] = logged()[arm.name]       # a resumed run's step-0 eval is an earlier process's
             t_rl[arm.name] = time.time() - t1
-            if book is not None:
-                evals = dict(sft=results[arm.name]["start"], rl=results[arm.name]["end"], oracle=oracle)
-                n = ledger.append_rows(book, runs.ledger_rows(c, arm, evals, stamp, command=" ".join(sys.argv),
-                                                              run_wall_s=t_rl[arm.name]))
-                print(f"{ss.run_tag(c.seed, arm.name)}: {n} rows appended to {book}", flush=True)
+        for arm in arms if book is not None else ():     # an arm finished here or by a killed run, recorded once
+            n = runs.record_arm(c, arm, results[arm.name], book, stamp, command=" ".join(sys.argv),
+                                run_wall_s=t_rl.get(arm.name))
+            print(f"{ss.run_tag(c.seed, arm.name)}: {n} rows appended to {book}", flush=True)
     finally:
         pool.close()
         log.close()

@@ -112,7 +112,7 @@ def test_every_cited_spec_section_is_a_heading_of_docs_spec():
 # Paths into the repository as prose names them: a top-level folder, then a concrete file name (a
 # task's own tests/test.sh is a path inside a task, not the repository; NAME-style parts are placeholders).
 PATH = re.compile(r"(?<![\w./-])((?:docs|configs|experiments|benchmarks|envs|pallas_kernels|src/horizon)"
-                  r"/[\w./-]*\.(?:py|md|sh|toml|json|txt|jsonl)|tests/[\w./-]*\.py)")
+                  r"/[\w./-]*\.(?:py|md|sh|toml|jsonl|json|txt)|tests/[\w./-]*\.py)")
 PLACEHOLDER = re.compile(r"/(?:[A-Z]+|x)(?:\.|/)")
 
 

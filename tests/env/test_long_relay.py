@@ -201,9 +201,11 @@ def test_rl_study_pipeline_smoke(tmp_path):
     finally:
         pool.close()
     assert orc["heldout_mean"] == 1.0 > sft["heldout_mean"] and orc["oracle_summaries"] >= 4 * 6
-    rows = runs.ledger_rows(c, arm, dict(sft=sft, rl=sft, oracle=orc), {"git_commit": "abc"}, command="x")
-    assert ledger.append_rows(runs.ledger_file(c), rows) == 18
-    back = ledger.read_rows(runs.ledger_file(c))
+    result = dict(start=sft, end=sft, oracle=orc)
+    book = runs.ledger_file(c)
+    assert runs.record_arm(c, arm, result, book, {"git_commit": "abc"}, command="x", run_wall_s=None) == 18
+    assert runs.record_arm(c, arm, result, book, {"git_commit": "abc"}) == 0       # an arm is recorded once
+    back = ledger.read_rows(book)
     assert {r["phase"] for r in back} == {"sft", "rl", "oracle"} and all(r["trigger"] == 200 for r in back)
     assert all(r["needed_kept"] <= r["needed_seen"] and r["summaries"] >= 4 for r in back)
     md = results_md.render({"selfsum_rl": back})

@@ -146,7 +146,7 @@ def test_render_tables_and_provenance():
     assert "| self_summary | +0.500 [" in text and "| +0.500 [+0.500, +0.500] | n/a | 4 | 0, 1 |" in text
     assert "`0123456789`" in text and "`fedcba9876`" in text and "0123456789a" not in text
     assert "started 2026-01-02T03:04:05+00:00 to 2026-01-05T00:00:00+00:00" in text
-    assert "wall time 201 s over 2 run(s)" in text and "command `python experiments/selfsum.py`" in text
+    assert "arms' wall time 201 s over 2 arm(s)" in text and "command `python experiments/selfsum.py`" in text
     assert text.rstrip().endswith("A note.")
     oracle = [dict(r, phase="oracle", solved=True) for r in synthetic_ledger() if r["phase"] == "sft"]
     text = results_md.render({"selfsum": synthetic_ledger() + oracle}, samples=200)
@@ -181,3 +181,8 @@ def test_results_script_check(tmp_path, capsys):
     script.main([], root=tmp_path)
     assert script.main(["--check"], root=tmp_path) == 0
     assert json.loads((tmp_path / "docs" / "results" / "selfsum.jsonl").read_text().splitlines()[-1])["seed"] == 2
+
+
+def test_committed_results_are_current(capsys):
+    """docs/RESULTS.md is what experiments/results.py builds from the committed ledgers and notes."""
+    assert load_script().main(["--check"]) == 0, capsys.readouterr().err

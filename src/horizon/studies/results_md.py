@@ -58,8 +58,9 @@ def header(level: float) -> str:
             "row per held-out evaluation episode) and the notes docs/results/<study>.md; do not edit it by hand, "
             "append rows and rerun the script (`--check` fails when this file is stale). Success is the share "
             f"of episodes solved, with a {level:.0%} percentile bootstrap CI resampling tasks within each seed "
-            "(all passes of a drawn task together); needed / distractor carry is the share of needed / distractor "
-            "facts seen before a compaction that the memory kept after it (sum kept / sum seen); paired "
+            "(all passes of a drawn task together); needed / distractor carry is the share of the needed / "
+            "distractor facts an episode's summarized contexts held that its last summary still holds (sum kept / "
+            "sum seen: a fact read early must survive every summary after it); paired "
             "differences compare the same seed, task and pass under both phases, resampled the same way. "
             "Timings are in docs/PERF.md.\n")
 
@@ -107,8 +108,9 @@ def gain_table(rows: Sequence[dict], phase_a: str, phase_b: str, *, samples: int
 
 def provenance_line(rows: Sequence[dict]) -> str:
     """The study's commits (10 hex digits, "dirty" where the checkout was), the range of run start
-    times, the wall time summed over distinct runs (a run: one start time on one host) where rows
-    carry ``run_wall_s``, and the distinct ``command`` values where rows carry one."""
+    times, the wall time summed over distinct arms (an arm: one seed, strategy and trigger of one run,
+    a run one start time on one host) where rows carry ``run_wall_s`` (an arm's RL and evals), and
+    the distinct ``command`` values where rows carry one."""
     provs = [r["provenance"] for r in rows]
     commits: dict[str, bool] = {}
     for p in provs:
@@ -118,10 +120,10 @@ def provenance_line(rows: Sequence[dict]) -> str:
     starts = sorted({p["started_at"] for p in provs if p.get("started_at")})
     if starts:
         parts.append(f"started {starts[0]}" + (f" to {starts[-1]}" if len(starts) > 1 else ""))
-    runs = {(r["provenance"].get("started_at"), r["provenance"].get("host")): r["run_wall_s"]
-            for r in rows if r.get("run_wall_s") is not None}
-    if runs:
-        parts.append(f"wall time {sum(runs.values()):.0f} s over {len(runs)} run(s)")
+    arms = {(r["provenance"].get("started_at"), r["provenance"].get("host"), r["seed"], r["strategy"], r["trigger"]):
+            r["run_wall_s"] for r in rows if r.get("run_wall_s") is not None}
+    if arms:
+        parts.append(f"arms' wall time {sum(arms.values()):.0f} s over {len(arms)} arm(s)")
     commands = _ordered([r for r in rows if r.get("command")], "command")
     if commands:
         parts.append("command" + ("s " if len(commands) > 1 else " ") + "; ".join(f"`{c}`" for c in commands))

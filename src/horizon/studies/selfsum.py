@@ -265,7 +265,8 @@ def episode_record(ep, solved: bool, strategy: str, seed: int, tok) -> dict:
     """`selfsum_metrics`' record of one finished `Episode` (module docstring there): the memory of
     a summarizing strategy is its last summary's text; of the others, the final context without the
     answer turn. Needed facts: the task's `metadata["facts"]` that the chain held before its last
-    segment."""
+    segment. The record keeps the final answer, the expected one and the last summary's text, so a
+    study's ledger shows what a summary kept and what the answer made of it (docs/RESULTS.md)."""
     facts = list(ep.task.metadata.get("facts", ()))
     before = "".join(tok.decode(seg.tokens) for seg in ep.segments[:-1])
     msgs = ep.messages[:-1] if ep.end_reason == "final" else ep.messages
@@ -274,9 +275,11 @@ def episode_record(ep, solved: bool, strategy: str, seed: int, tok) -> dict:
     else:
         memory = "\n".join(tok.decode(m.tokens) if m.tokens is not None else m.text for m in msgs)
     gen = int(ep.generated_tokens)
-    carry = sm.memory_carry(summary_pairs(ep.segments, tok) if strategy in SUMMARIZING else [], facts,
-                            list(ep.task.metadata.get("distractors", ())))
+    pairs = summary_pairs(ep.segments, tok) if strategy in SUMMARIZING else []
+    carry = sm.memory_carry(pairs, facts, list(ep.task.metadata.get("distractors", ())))
     return dict(carry, strategy=strategy, seed=int(seed), task_id=str(ep.task.id), solved=bool(solved),
+                final_answer=str(ep.final_answer), expected=str(ep.task.final_answer),
+                last_summary=pairs[-1][1] if pairs else "",
                 end_reason=ep.end_reason, generated_tokens=gen, summaries=int(ep.stats["summaries"]),
                 summary_tokens=int(ep.stats["summary_tokens"]), rewrites=len(ep.segments) - 1,
                 prefill_tokens=sm.prefill_tokens([seg.tokens for seg in ep.segments], gen),
@@ -333,18 +336,22 @@ def logged_results(path, seed: int, strategies, steps: int) -> dict:
     step-0 and its step-`steps` eval (`loop.run_rl`'s records, run "run" = `run_tag`) in the
     seed's metrics.jsonl `path`; the last record of a step wins. A rerun of a killed study takes a
     finished strategy from here instead of running it again, and a strategy whose RL resumed from
-    its checkpoint (no new step-0 eval) still gets its start (nothing lost)."""
+    its checkpoint (no new step-0 eval) still gets its start (nothing lost). Where the run also
+    logged an oracle-summary eval (phase "oracle_eval", `selfsum_runs.oracle_eval`) it is "oracle"."""
     p = pathlib.Path(path)
     got: dict = {}
     for line in p.read_text().splitlines() if p.exists() else ():
         rec = json.loads(line)
         if rec.get("phase") == "eval":
             got[(rec.get("run"), int(rec["step"]))] = rec
+        elif rec.get("phase") == "oracle_eval":
+            got[(rec.get("run"), "oracle")] = rec
     out = {}
     for s in strategies:
-        start, end = got.get((run_tag(seed, s), 0)), got.get((run_tag(seed, s), int(steps)))
+        tag = run_tag(seed, s)
+        start, end = got.get((tag, 0)), got.get((tag, int(steps)))
         if start is not None and end is not None:
-            out[s] = {"start": start, "end": end}
+            out[s] = {"start": start, "end": end, "oracle": got.get((tag, "oracle"))}
     return out
 
 

@@ -69,3 +69,14 @@ def ledger_rows(c, arm: Arm, evals: dict, provenance: dict, **extra) -> list[dic
     return [r for phase, ev in evals.items() if ev is not None
             for r in ledger.episode_rows(ev["episodes"], study=str(c.exp.study), trigger=arm.trigger, phase=phase,
                                          strategy=arm.strategy, provenance=provenance, **extra)]
+
+
+def record_arm(c, arm: Arm, result: dict, book, provenance: dict, **extra) -> int:
+    """Append an arm's rows (`result`: `selfsum.logged_results`' start, end and oracle evals) to the
+    ledger `book` unless it already holds rows of this study, seed, strategy and trigger: a rerun of
+    a killed study records an arm it finished but had not recorded, and never an arm twice."""
+    have = {(r["seed"], r["strategy"], r["trigger"]) for r in ledger.read_rows(book)} if book.exists() else set()
+    if (int(c.seed), arm.strategy, arm.trigger) in have:
+        return 0
+    evals = dict(sft=result["start"], rl=result["end"], oracle=result.get("oracle"))
+    return ledger.append_rows(book, ledger_rows(c, arm, evals, provenance, **extra))

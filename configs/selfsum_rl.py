@@ -39,6 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
     e.steps = 20                      # RL steps per arm (~31 s each on 2 cores): 4 moved nothing on key_relay
     e.sft.keep_prob = 0.7             # each needed fact kept per demo memory (the omission rule above)
     e.sft.memo_keep_prob = 0.5        # each memo kept per demo memory
+    e.sft.clean_keep_prob = 0.7       # stage 1's keep_prob (design A: the same rule in both stages; 1.0 = design B,
+    #                                   every stage-1 answer a correct demonstration; docs/results/selfsum_rl.md)
     e.sft.corrupt_prob = 0.0          # no wrong letters: a written fact is always a correct copy
     e.sft.clean_mix = ml_collections.ConfigDict(dict(
         a_short=dict(task=dict(n_logs=3, log_lines=1, n_memos=1), agent=dict(trigger_tokens=100)),

@@ -44,9 +44,11 @@ def with_strategy(c, strategy: str):
 
 
 def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, per_strategy: bool = False,
-              correct_finals_only: bool = False):
+              correct_finals_only: bool = False, keep: dict | None = None):
     """Demo segments for each of `strategies` on `tasks` (default: train seeds [0, n_sft_tasks),
-    the same tasks for each strategy): one list, or {strategy: rows} with `per_strategy`."""
+    the same tasks for each strategy): one list, or {strategy: rows} with `per_strategy`. `keep`:
+    the omission rule (`keep_rule`; None = every fact kept, no memo: the perfect demonstrator)."""
+    keep = dict(keep_prob=1.0, memo_keep_prob=0.0) if keep is None else keep
     tasks = family.tasks("train", int(c.exp.n_sft_tasks)) if tasks is None else tasks
     boxes = [open_sandbox(c.exp.demo_backend, c.exp.sandbox_image if c.exp.demo_backend == "docker" else None)
              for _ in range(int(c.exp.demo_sandboxes))]
@@ -57,10 +59,9 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
             t0 = time.time()
             rows[s] = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
                                        seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet),
-                                       correct_finals_only=correct_finals_only, map_fn=pool.map, **keep_rule(c))
-            rule = keep_rule(c)
-            lossy = (f"lossy memories {corrupt_prob:.2f}" if rule["keep_prob"] >= 1.0 else
-                     f"facts kept {rule['keep_prob']:.2f}, memos {rule['memo_keep_prob']:.2f}")
+                                       correct_finals_only=correct_finals_only, map_fn=pool.map, **keep)
+            lossy = (f"lossy memories {corrupt_prob:.2f}" if keep["keep_prob"] >= 1.0 else
+                     f"facts kept {keep['keep_prob']:.2f}, memos {keep['memo_keep_prob']:.2f}")
             print(f"demos {s} ({lossy}): {len(tasks)} chains -> {len(rows[s])} segments, "
                   f"{sum(int(m.sum()) for _, m in rows[s])} trained tokens ({time.time() - t0:.0f}s)", flush=True)
         return rows if per_strategy else [r for s in strategies for r in rows[s]]
@@ -70,12 +71,17 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
             b.close()
 
 
-def keep_rule(c) -> dict:
-    """The lossy-demo omission rule of `exp.sft` (`KeyRecallDemoPolicy`: each needed fact of a
-    memory kept with `keep_prob`, each memo with `memo_keep_prob`), alike for every strategy and
-    both SFT stages; the defaults keep every fact and no memo."""
+def keep_rule(c, stage: str = "sft") -> dict:
+    """The lossy-demo omission rule of `exp.sft` (`KeyRecallDemoPolicy`: each new needed fact of a
+    memory kept with `keep_prob`, each new memo with `memo_keep_prob`), alike for every strategy;
+    the defaults keep every fact and no memo. Stage 1 (`stage="clean"`) uses `clean_keep_prob`
+    where set (1.0: every stage-1 answer a correct demonstration, the omission taught in stage 2
+    only), else the same rule."""
     s = c.exp.sft
-    return dict(keep_prob=float(s.get("keep_prob", 1.0)), memo_keep_prob=float(s.get("memo_keep_prob", 0.0)))
+    keep = float(s.get("keep_prob", 1.0))
+    if stage == "clean" and s.get("clean_keep_prob") is not None:
+        keep = float(s.clean_keep_prob)
+    return dict(keep_prob=keep, memo_keep_prob=float(s.get("memo_keep_prob", 0.0)))
 
 
 def stage1_configs(c) -> list:
@@ -131,9 +137,11 @@ def warm_start_demos(family, c, tok):
         if clean:
             rows = [r for cs in stage1_configs(c) for r in balance_rows(
                 demo_rows(family_from_config(cs.exp), cs, tok, strategies, 0.0, per_strategy=True,
+                          keep=keep_rule(c, "clean"),
                           correct_finals_only=True))]
             return [weight_key_tokens(t, m, tok, weight) for t, m in rows] if weight != 1.0 else rows
-        return balance_rows(demo_rows(family, c, tok, strategies, float(c.exp.sft.corrupt_prob), per_strategy=True))
+        return balance_rows(demo_rows(family, c, tok, strategies, float(c.exp.sft.corrupt_prob), per_strategy=True,
+                                      keep=keep_rule(c)))
     return demos
 
 
@@ -398,8 +406,8 @@ def validate_study(c) -> None:
     trig = tuple(e.get("triggers", ()))
     need(all(isinstance(t, int) and 0 < t < int(c.agent.max_context_tokens) for t in trig), "exp.triggers", trig,
          f"must be ints in (0, agent.max_context_tokens={c.agent.max_context_tokens})")
-    for k in ("keep_prob", "memo_keep_prob"):
-        if k in e.sft:
+    for k in ("keep_prob", "memo_keep_prob", "clean_keep_prob"):
+        if e.sft.get(k) is not None:
             need_float(e.sft, k, "exp.sft", 0.0, 1.0)
 
 

@@ -24,6 +24,7 @@ from horizon.data.tokenizer import tokenizer_from_config
 from horizon.env.demos import KeyRecallDemoPolicy
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox
+from horizon.studies import gains
 from horizon.studies import selfsum as ss
 from horizon.studies import selfsum_metrics as sm
 from horizon.studies.oracle import OracleSummaries
@@ -50,8 +51,8 @@ def chains(c, tok, strategy: str, policy_of, box) -> list[dict]:
 
 
 def _carry(rows, kind):
-    seen = sum(r[f"{kind}_seen"] for r in rows)
-    return f"{sum(r[f'{kind}_kept'] for r in rows) / seen:.2f}" if seen else "n/a"
+    x = gains.carry(rows, kind)
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def main(argv=None):

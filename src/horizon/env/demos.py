@@ -190,14 +190,16 @@ class KeyRecallDemoPolicy:
         keys = ordered_keys(text)
         mem = self._memory_keys(keys, text, rng).split(", ") if keys else []
         items = mem + sorted(extra, key=lambda f: f.startswith("memo"))       # keys, pin facts, then memos
-        return ", ".join(f for f in items if self._kept(f, text))
+        held = carried_memory(text)
+        return ", ".join(f for f in items if self._kept(f, text, held))
 
-    def _kept(self, fact: str, text: str) -> bool:
-        """Whether a memory keeps `fact`: always where an earlier memory in `text` holds it (what was
-        kept stays kept), else one draw per fact and task — keyed on the fact and the observation
-        it came in, so every memory of the episode that sees the observation decides alike and a
+    def _kept(self, fact: str, text: str, held: str) -> bool:
+        """Whether a memory keeps `fact`: always where the earlier memory `held` (`carried_memory` of
+        `text`) holds it (what was kept stays kept), else one draw per fact and task — keyed on the
+        fact and the observation it came in, so every memory of the episode that sees the
+        observation decides alike and a
         strategy that summarizes more often is not dropped from more often."""
-        if fact in carried_memory(text):
+        if fact in held:
             return True
         at = text.find(fact)
         where = text[max(0, at - 40):at + 40]

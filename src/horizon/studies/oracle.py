@@ -10,8 +10,6 @@ injected tokens with the next turn like any other context change).
 
 from __future__ import annotations
 
-import numpy as np
-
 from horizon.env.demos import KeyRecallDemoPolicy, summary_kind
 from horizon.inference.policy import Generation, StreamWrapper
 
@@ -29,13 +27,10 @@ class OracleSummaries:
     def summary(self, context, max_new_tokens: int) -> Generation | None:
         """The perfect summary turn for `context` (at most `max_new_tokens`, as the policy's would be),
         or None where the context asks for an action."""
-        kind, text = summary_kind(context, self.tok)
-        if kind is None:
+        if summary_kind(context, self.tok)[0] is None:
             return None
         self.injected += 1
-        ids = self.tok.encode(self.demo.summary(text, kind)) + [self.tok.end_turn_id]
-        ids = np.asarray(ids[:max_new_tokens], np.int32)
-        return Generation(ids, np.zeros(len(ids), np.float32), None, 0)
+        return self.demo([context], max_new_tokens)[0]
 
     def __call__(self, contexts, max_new_tokens: int) -> list:
         out = [self.summary(c, max_new_tokens) for c in contexts]

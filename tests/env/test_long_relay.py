@@ -223,3 +223,30 @@ def test_pin_letters_are_weighted_like_keys(box):
     _, w = ss.weight_key_tokens(seg.tokens, seg.loss_mask, TOK, 10.0)
     heavy = [TOK.decode([int(seg.tokens[i])]) for i in np.nonzero(w == 10.0)[0]]
     assert t.metadata["pin"] in heavy and set(t.metadata["keys"]) <= set(heavy)
+
+
+def test_stage2_trains_only_right_finals_when_asked():
+    """`exp.sft.correct_finals_only`: a lossy memory's answer (a key dropped, so answered without it) is
+    trained on in stage 2 by default and masked out with the option; every other trained token stays."""
+    from horizon.tools.format import FINAL_CLOSE, FINAL_OPEN
+
+    c = ml_collections.ConfigDict(CFG.to_dict())
+    c.exp.update(dict(demo_backend="local", demo_sandboxes=2))
+    fam = family_from_config(c.exp)
+    tasks = fam.tasks("train", 12)
+    right = {t.final_answer for t in tasks}
+
+    def trained_answers(only_right: bool):
+        rows = ss.demo_rows(fam, c, TOK, ("self_summary",), 0.0, tasks=tasks, keep=ss.keep_rule(c),
+                            correct_finals_only=only_right)
+        out = []
+        for tokens, mask in rows:
+            text = TOK.decode([int(t) for t, m in zip(tokens, mask) if m])
+            at = text.find(FINAL_OPEN)
+            if at >= 0:
+                out.append(text[at + len(FINAL_OPEN):text.index(FINAL_CLOSE, at)])
+        return out
+
+    every, only = trained_answers(False), trained_answers(True)
+    assert len(every) == len(tasks) and set(every) - right           # some lossy answers are wrong demos
+    assert only == [a for a in every if a in right]                  # the right ones kept, in order

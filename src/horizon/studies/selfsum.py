@@ -129,7 +129,8 @@ def warm_start_demos(family, c, tok):
     tokens (`balance_rows`) in both stages: stage 1 its own correct chains (finals trained on only
     when right: a sliding window's guess is not a demonstration) on each of the stage-1 task sizes
     (`stage1_configs`), stage 2 on the experiment's tasks with the same `exp.sft.corrupt_prob` share
-    of lossy memories for every strategy."""
+    of lossy memories for every strategy; with `exp.sft.correct_finals_only` stage 2 too trains a
+    final answer only where it is right (a lossy memory's answer is then no demonstration)."""
     strategies = tuple(c.exp.strategies)
     weight = float(c.exp.sft.get("clean_key_weight", 1.0) or 1.0)
 
@@ -141,7 +142,8 @@ def warm_start_demos(family, c, tok):
                           correct_finals_only=True))]
             return [weight_key_tokens(t, m, tok, weight) for t, m in rows] if weight != 1.0 else rows
         return balance_rows(demo_rows(family, c, tok, strategies, float(c.exp.sft.corrupt_prob), per_strategy=True,
-                                      keep=keep_rule(c)))
+                                      keep=keep_rule(c),
+                                      correct_finals_only=bool(c.exp.sft.get("correct_finals_only", False))))
     return demos
 
 
@@ -409,6 +411,8 @@ def validate_study(c) -> None:
     for k in ("keep_prob", "memo_keep_prob", "clean_keep_prob"):
         if e.sft.get(k) is not None:
             need_float(e.sft, k, "exp.sft", 0.0, 1.0)
+    if not isinstance(e.sft.get("correct_finals_only", False), bool):
+        raise ConfigError(f"exp.sft.correct_finals_only={e.sft.correct_finals_only!r}: must be True or False")
 
 
 # ----------------------------------------------------------------------------- report

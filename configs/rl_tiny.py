@@ -142,6 +142,16 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         #                           them (engine.EngineReplicas); on CPU the process needs that many devices
         #                           (jax_num_cpu_devices): 2 on 2 cores ran the raw workload 1.2-1.3x faster
         #                           (docs/PERF.md)
+        # --- where rollouts are sampled (docs/SERVING.md): "engine" = the in-process engine above; "remote" =
+        #     any OpenAI-compatible endpoint at base_url (horizon's experiments/serve.py, vLLM, SGLang), sent
+        #     token-id prompts, the turn's key as its seed (inference.remote.RemotePolicy)
+        backend="engine",
+        base_url="http://127.0.0.1:8000/v1",
+        remote_model="",          # the served model's id ("" = the server's own)
+        remote_concurrency=64,    # requests in flight at once
+        remote_timeout_s=600.0,
+        remote_retries=4,         # a connection error or 5xx retried this often (doubling waits), then an error
+        remote_expert_ids=True,   # ask for the routed experts of every token (horizon's server; router replay)
     ))
     # --- batch layout (horizon.rl.algo.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(

@@ -69,6 +69,24 @@ def pop_engine_fields(kwargs: dict) -> dict:
     return {k: kwargs.pop(k) for k in list(kwargs) if k in names}
 
 
+BACKENDS = ("engine", "remote")
+
+
+def validate_backend(s) -> None:
+    """`rl.sampler.backend` and, for "remote", its endpoint fields (`remote.RemotePolicy`, docs/SERVING.md)."""
+    pre = "rl.sampler"
+    backend = str(s.get("backend", "engine"))
+    need(backend in BACKENDS, f"{pre}.backend", backend, f"must be one of {BACKENDS}")
+    if backend != "remote":
+        return
+    url = s.get("base_url", "")
+    need(isinstance(url, str) and url.startswith(("http://", "https://")), f"{pre}.base_url", url,
+         "must be an http(s) URL of an OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1")
+    need_int(s, "remote_concurrency", pre, lo=1)
+    need_int(s, "remote_retries", pre, lo=0)
+    need(float(s.get("remote_timeout_s", 0)) > 0, f"{pre}.remote_timeout_s", s.get("remote_timeout_s"), "must be > 0")
+
+
 def validate_engine(c) -> None:
     """`rl.sampler`'s `engine_*` fields (`engine_config`, docs/SPEC.md §4; the rollout engine is every caller's
     sampler): sizes >= 1, a slot count that divides over the engine replicas
@@ -81,6 +99,7 @@ def validate_engine(c) -> None:
     tokenizer's stop ids, and a swap store of >= 0 positions (-1 = slots x max_len). A sampler section
     without engine fields: nothing to check."""
     s, pre = c.rl.sampler, "rl.sampler"
+    validate_backend(s)
     if "engine_slots" not in s:
         return
     for k in ENGINE_COUNTS:

@@ -215,6 +215,16 @@ class Engine(Serving):
         """Forget `owner`'s cache: its parked slot becomes free (its tokens stay a reusable prefix)."""
         self.table.release(owner)
 
+    def drop_idle(self) -> None:
+        """Forget every cache no request is decoding (reusable prefixes, parked episodes): a server
+        does this when it loads other weights, so no later request reuses the old weights' cache."""
+        self.table.drop_idle()
+
+    def in_flight(self) -> dict[int, tuple[list, list]]:
+        """request id -> (tokens, log-probs) generated so far, of every decoding request (a server's
+        stream reads them after each `step`)."""
+        return {s.seq.rid: (s.seq.toks, s.seq.lps) for s in self.slots if s.seq is not None}
+
     # -- placement -------------------------------------------------------------------------------
     def _place(self, params: dict) -> dict:
         """Weights in the mesh's layout (`sharded.place_params`; once per polled version), on the engine's

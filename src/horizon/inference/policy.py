@@ -8,37 +8,21 @@ A policy maps contexts to `Generation`s: ``policy(contexts, max_new)`` (batched)
 from __future__ import annotations
 
 import collections
-import dataclasses
+import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 import jax
 import numpy as np
-from jaxtyping import Float, Int
 
 from horizon.inference import sampler
 from horizon.inference.config import EngineConfig, pop_engine_fields
 from horizon.inference.engine import Completion, Request, generate_requests
+from horizon.inference.generation import Generation, Policy
+from horizon.inference.remote import ADMIN_TOKEN_ENV, RemotePolicy
 from horizon.inference.replicas import make_engine
 
-
-@dataclasses.dataclass
-class Generation:
-    """One generated turn from the policy. Generation stops at END_TURN/EOS (included)."""
-
-    tokens: Int[np.ndarray, " m"]
-    logprobs: Float[np.ndarray, " m"]
-    router_indices: Any = None          # int32[L_moe, m, k] or None
-    policy_version: Any = 0             # int, or int32[m] per token (in-flight weight updates)
-
-    def versions(self) -> np.ndarray:
-        v = np.asarray(self.policy_version, np.int32)
-        return np.full(len(self.tokens), int(v), np.int32) if v.ndim == 0 else v
-
-
-Policy = Callable[[list, int], list]   # policy(contexts: list[int32[n]], max_new_tokens) -> list[Generation]
+__all__ = ["EnginePolicy", "EngineStream", "Generation", "Policy", "StreamWrapper", "rollout_policy"]
 
 
 class EngineStream:
@@ -192,7 +176,7 @@ class EnginePolicy:
 
 
 def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv_mode: str | None = None,
-                   **overrides) -> EnginePolicy:
+                   push=None, **overrides):
     """The agent policy every caller samples with (docs/SPEC.md §4, §4.1, §7): an `EnginePolicy` for the RL
     loops' group rollouts (`rl.runtime.core.rollout_groups`, sync and async workers), the held-out eval
     (`rl.runtime.loop.evaluate`) and the eval harness (`eval.harness.policy_from_params`), on one
@@ -200,5 +184,16 @@ def rollout_policy(params_ref, cfg, key: jax.Array, *, chunk_tokens: int = 0, kv
     `sampler.ParamsHolder` or ``poll() -> (params, version)``, polled at every engine round-trip
     (<= `chunk_tokens` decode steps); an episode's samples depend on its own key only; the policy
     counts ``state["switches"]``, ``state["tokens"]`` and ``state["gen_s"]`` (seconds in engine calls).
-    `cfg` needs the `rl.sampler` section (the engine's sizes, configs/rl_tiny.py)."""
+    `cfg` needs the `rl.sampler` section (the engine's sizes, configs/rl_tiny.py). With
+    ``rl.sampler.backend = "remote"`` the same interface over an OpenAI-compatible endpoint
+    (`remote.RemotePolicy`; `push(params, version)` publishes a new weight version for it)."""
+    s = cfg.rl.sampler if "rl" in cfg and "sampler" in cfg.rl else {}
+    if str(s.get("backend", "engine")) == "remote":
+        sc = sampler.sampler_config(cfg, **overrides)
+        return RemotePolicy(str(s.base_url), key, model=str(s.get("remote_model", "")),
+                            temperature=float(sc.temperature), top_p=float(sc.top_p), params_ref=params_ref, push=push,
+                            admin_token=os.environ.get(ADMIN_TOKEN_ENV, ""),
+                            expert_ids=bool(s.get("remote_expert_ids", True)),
+                            concurrency=int(s.get("remote_concurrency", 64)),
+                            timeout_s=float(s.get("remote_timeout_s", 600.0)), retries=int(s.get("remote_retries", 4)))
     return EnginePolicy(params_ref, cfg, key, chunk_tokens=chunk_tokens, kv_mode=kv_mode, **overrides)

@@ -96,6 +96,15 @@ class EngineReplicas(Serving):
                 out.append(dataclasses.replace(c, request_id=rid))
         return out
 
+    def drop_idle(self) -> None:
+        for e in self.engines:
+            e.drop_idle()
+
+    def in_flight(self) -> dict[int, tuple[list, list]]:
+        """`Engine.in_flight` of every replica, under the global request ids."""
+        return {self._rid[(r, local)]: v for r, e in enumerate(self.engines)
+                for local, v in e.in_flight().items() if (r, local) in self._rid}
+
     def release(self, owner: Hashable) -> None:
         """Forget `owner`'s cache on its replica."""
         r = self._owner.pop(owner, None)

@@ -14,7 +14,7 @@ import pathlib
 
 from horizon.agent import validate_agent_config
 from horizon.agent.rollout import STRATEGIES
-from horizon.data.tokenizer import validate_tokenizer
+from horizon.data.tokenizer import tokenizer_from_config, validate_tokenizer
 from horizon.env import rewards
 from horizon.env.families import FAMILIES, family_from_config
 from horizon.inference.config import validate_engine
@@ -22,6 +22,7 @@ from horizon.model import transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
 from horizon.rl.algo import losses
+from horizon.rl.runtime import remote
 from horizon.rl.runtime.async_setup import mesh_devices
 from horizon.rl.runtime.core import batch_slots
 from horizon.rl.runtime.pools import POOLS, docker_host_for, parse_resources
@@ -227,6 +228,10 @@ def validate_experiment(c, env) -> None:
     for k in ("check_tasks", "demo_sandboxes"):
         if k in e:
             need_int(e, k, "exp", lo=1)
+    if remote.is_remote(c):                    # last: the only check that talks to something
+        need(c.rl.sampler.get("remote_publish_dtype", "float32") in DTYPES, "rl.sampler.remote_publish_dtype",
+             c.rl.sampler.get("remote_publish_dtype"), f"must be one of {DTYPES}")
+        remote.probe(c, tokenizer_from_config(c))
 
 
 def validate_storage_url(url: str) -> None:
@@ -252,6 +257,8 @@ def validate_async(c) -> None:
     steps = need_int(c.exp, "steps", "exp", lo=1)
     validate_rl(c, steps)
     validate_rl_mesh(c)
+    need(not remote.is_remote(c), "rl.sampler.backend", "remote",
+         "the async runtime samples in-process; a remote endpoint serves experiments/rl.py and eval (docs/SERVING.md)")
     a = c.async_
     need_int(a, "max_staleness", "async_", lo=0)
     for k in ("num_rollout_workers", "publish_every", "full_every", "keep_fulls", "shard_elems", "publish_threads",

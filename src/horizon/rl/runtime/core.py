@@ -177,7 +177,7 @@ def _failed(group) -> bool:
     return any(i.get("group_failed") for i in group[2])
 
 
-def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worker: str = ""
+def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worker: str = "", push=None
                    ) -> tuple[list[storage.GroupRecord], dict]:
     """One batched generation of `requests` (one generation batch) in `env` with the weights of
     `poll() -> (params, version)`, polled every `rl.sampler.chunk_tokens` decode steps (in-flight
@@ -187,11 +187,12 @@ def rollout_groups(env, requests: Sequence[dict], poll: Poll, cfg, tok, *, worke
     reserve is spent too, `RuntimeError` (the infrastructure, not one box, is broken). Returns
     (one `GroupRecord` per request, batch info: wall `seconds`, `gen_s` (seconds in generation calls),
     `tool_wait_s`, `slot_steps` and `engine_tokens` (`EnginePolicy.usage`), weight `switches`,
-    `start_version` and the batch's `infra/*` counters)."""
+    `start_version` and the batch's `infra/*` counters). `push`: the remote backend's weight push
+    (`rl.runtime.remote.push_for`)."""
 
     s = cfg.rl.sampler
     policy = engine_policy.rollout_policy(poll, cfg, policy_key(cfg, requests[0]["slot"]),
-                                          chunk_tokens=int(s.chunk_tokens), kv_mode=str(s.kv_mode))
+                                          chunk_tokens=int(s.chunk_tokens), kv_mode=str(s.kv_mode), push=push)
     start_version = int(poll()[1])
     before = _env_counters(env)
     t0 = time.time()

@@ -67,22 +67,22 @@ def start_run(c: ml_collections.ConfigDict):
     return out_dir, tokenizer_from_config(c), MetricsWriter(out_dir, c), family_from_config(c.exp)
 
 
-def evaluate(env, params, tasks, c, tok, key, version: int) -> dict:
+def evaluate(env, params, tasks, c, tok, key, version: int, push=None) -> dict:
     """`c.exp.eval.passes` sampled passes over `tasks` through the eval harness in `env`'s pooled
     sandboxes (`harness.pooled_setup`, `harness.run_eval`): `harness.pass_summary`'s mean,
     std over passes (the eval noise), best-of-passes, per-pass means and efficiency."""
     ev = c.exp.eval
     policy = engine_policy.rollout_policy(sampler.ParamsHolder(params, version=version), c, key,
-                                   temperature=float(ev.temperature))
+                                          temperature=float(ev.temperature), push=push)
     records = harness.run_eval(policy, tasks, harness.pooled_setup(env, tok, int(ev.passes)), policy_name=f"v{version}")
     return harness.pass_summary(records)
 
 
-def heldout_evaluator(env, tasks, c, tok) -> Callable[[Any, int], dict]:
+def heldout_evaluator(env, tasks, c, tok, push=None) -> Callable[[Any, int], dict]:
     """`run_rl`'s eval hook: `evaluate` on `tasks` in `env`, sampling key
-    ``fold_in(run_keys(seed)["eval"], step)``."""
+    ``fold_in(run_keys(seed)["eval"], step)`` (`push`: the remote backend's, `remote.push_for`)."""
     key = run_keys(c.seed)["eval"]
-    return lambda params, step: evaluate(env, params, tasks, c, tok, jax.random.fold_in(key, step), step)
+    return lambda params, step: evaluate(env, params, tasks, c, tok, jax.random.fold_in(key, step), step, push)
 
 
 # ----------------------------------------------------------------------------- SFT
@@ -292,7 +292,7 @@ def tok_pad(c) -> int:
 
 # ----------------------------------------------------------------------------- RL
 def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callable[[Any, int], dict] | None = None,
-           store=None, tag: str = "") -> dict:
+           store=None, tag: str = "", push=None) -> dict:
     """The synchronous RL loop (docs/SPEC.md §4) from `params` on `env` (`.rollouts(requests, policy, tok)`,
     e.g. `horizon.env.rollouts.ExperimentEnv` or `workers.ToyEnv`), `c.exp.steps` steps: step t's
     prompts (`runtime.PromptSchedule`), its generation batches rolled out with version t
@@ -301,6 +301,7 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
     `rl.checkpoint_every` steps and at the end in out/ckpt; a rerun resumes. `evaluate(params,
     step) -> dict`, if given, runs at step 0, every `exp.eval.every` steps and at the end; each
     step's groups also go to `store` (a `storage.GroupStore`, the async runtime's layout), if given.
+    `push`: the remote backend's weight push (`remote.push_for`; None = the in-process engine).
     Returns {"evals": {step: eval}, "state": RLState}."""
     steps = int(c.exp.steps)
     sched = runtime.PromptSchedule(c, steps, lag=0)
@@ -329,7 +330,7 @@ def run_rl(params, env, c, tok, out: pathlib.Path, log: Log, *, evaluate: Callab
             print(f"{tag}prompt set exhausted (single epoch): stopping", flush=True)
             break
         c0 = compiles.meter().snapshot()
-        groups, usage = _roll_out_step(env, sched, step, state.params, c, tok, store)
+        groups, usage = _roll_out_step(env, sched, step, state.params, c, tok, store, push)
         t_roll, c1 = time.time() - t0, compiles.meter().snapshot()
         t1 = time.time()
         state, rec, b = runtime.train_groups(state, groups, c)
@@ -375,13 +376,13 @@ def _eval_and_log(evaluate, params, step: int, log: Log, run: dict, tag: str) ->
     return e
 
 
-def _roll_out_step(env, sched, step: int, params, c, tok, store) -> tuple[list, dict]:
+def _roll_out_step(env, sched, step: int, params, c, tok, store, push=None) -> tuple[list, dict]:
     """Step `step`'s generation batches rolled out with `params` as version `step`; the schedule is
     fed the step's groups, which also go to `store` if given. Returns (groups, the batches' engine
     usage summed: `steptime.USAGE_KEYS`)."""
     groups, usage = [], {}
     for reqs in sched.batches(step):
-        recs, info = runtime.rollout_groups(env, reqs, lambda p=params, v=step: (p, v), c, tok)
+        recs, info = runtime.rollout_groups(env, reqs, lambda p=params, v=step: (p, v), c, tok, push=push)
         groups += recs
         usage = steptime.add_usage(usage, info)
     sched.feed(step, groups)

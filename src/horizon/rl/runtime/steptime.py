@@ -27,10 +27,14 @@ def add_usage(total: dict, info: dict) -> dict:
     return {k: total.get(k, 0) + info.get(k, 0) for k in USAGE_KEYS}
 
 
+NAN = float("nan")          # occupancy of a remote engine: not visible here
+
 def split(*, rollout_s: float, train_s: float, usage: dict, rollout_c: Compiles, train_c: Compiles,
           train_host_s: float) -> dict:
     """The step's ``time/*`` and ``engine/occupancy`` (module docstring)."""
     gen, wait = float(usage.get("gen_s", 0.0)), float(usage.get("tool_wait_s", 0.0))
+    slot_steps = int(usage.get("slot_steps", 0))
+    occupancy = {"engine/occupancy": float(usage.get("engine_tokens", 0)) / slot_steps} if slot_steps else {}
     return {
         "time/compile_s": rollout_c.seconds + train_c.seconds,
         "time/compiles": rollout_c.compiles + train_c.compiles,
@@ -42,7 +46,7 @@ def split(*, rollout_s: float, train_s: float, usage: dict, rollout_c: Compiles,
         "time/train_compile_s": train_c.seconds,
         "time/train_host_s": float(train_host_s),
         "time/train_exec_s": max(train_s - train_host_s - train_c.seconds, 0.0),
-        "engine/occupancy": float(usage.get("engine_tokens", 0)) / max(int(usage.get("slot_steps", 0)), 1),
+        **occupancy,                 # none for a remote engine (its slot-steps are the server's)
     }
 
 
@@ -50,6 +54,6 @@ def line(rec: dict) -> str:
     """The step's split as one printed line."""
     return (f"time: compile {rec['time/compile_s']:.1f}s ({rec['time/compiles']} executables, "
             f"{rec['time/compile_cache_hits']} from the persistent cache) | engine {rec['time/gen_exec_s']:.1f}s at "
-            f"occupancy {rec['engine/occupancy']:.2f}, idle on tools {rec['time/tool_wait_s']:.1f}s, rollout host "
-            f"{rec['time/rollout_host_s']:.1f}s | train exec {rec['time/train_exec_s']:.1f}s, host "
+            f"occupancy {rec.get('engine/occupancy', NAN):.2f}, idle on tools {rec['time/tool_wait_s']:.1f}s, "
+            f"rollout host {rec['time/rollout_host_s']:.1f}s | train exec {rec['time/train_exec_s']:.1f}s, host "
             f"{rec['time/train_host_s']:.1f}s")

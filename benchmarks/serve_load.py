@@ -2,7 +2,8 @@
 requests from `--clients` concurrent clients against experiments/serve.py started as its own process,
 a mix of text and token-id completions, chat completions and streamed completions.
 
-After an untimed warm-up of 4 requests per client (the engine's compiles), prints failures,
+After an untimed warm-up of `--requests / 2` requests of the same mix (where the engine compiles its
+shapes: which ones depends on how requests arrive together), prints failures,
 requests/s and latency p50 / p95, the server's RSS after the first half and after
 all requests (the growth between them: a leak shows here), and the served tokens/s against the same
 engine driven in-process (`EngineService.generate`, the same requests, one batch) in the same run.
@@ -93,7 +94,7 @@ def load(base: str, pid: int, n: int, clients: int, max_tokens: int) -> dict:
     out = {"requests": n, "clients": clients}
     with httpx.Client(timeout=300, limits=httpx.Limits(max_connections=clients)) as client, \
             ThreadPoolExecutor(clients) as pool:
-        warm = list(pool.map(lambda i: request(client, base, i, max_tokens), range(n, n + 4 * clients)))
+        warm = list(pool.map(lambda i: request(client, base, i, max_tokens), range(n, n + n // 2)))
         out["warmup_failed"] = sum(not ok for ok, _, _ in warm)        # compiles happen here, untimed
         t0 = time.perf_counter()
         res = list(pool.map(lambda i: request(client, base, i, max_tokens), range(n // 2)))

@@ -42,9 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
     e.sft.clean_keep_prob = 0.7       # stage 1's keep_prob (design A: the same rule in both stages; 1.0 = design B,
     #                                   every stage-1 answer a correct demonstration; docs/results/selfsum_rl.md)
     e.sft.corrupt_prob = 0.0          # no wrong letters: a written fact is always a correct copy
-    e.sft.correct_finals_only = True  # stage 2 trains an answer only where it is right, as stage 1 does (design C:
-    #                                   a lossy memory's answer, its keys shifted into the wrong slots, is no
-    #                                   demonstration; docs/results/selfsum_rl.md)
+    e.sft.correct_finals_only = True  # stage 2 treats a wrong answer as stage 1 does (design C: left out whole)
+    e.sft.final_mask = "letters"      # design D: answers slot-aligned, a lost key's slot a guess left out of the
+    #                                   loss, the rest of the turn trained (C left out whole turns: the policy
+    #                                   then looped instead of answering; docs/results/selfsum_rl.md)
     e.sft.clean_mix = ml_collections.ConfigDict(dict(
         a_short=dict(task=dict(n_logs=3, log_lines=1, n_memos=1), agent=dict(trigger_tokens=100)),
         b_full=dict(),

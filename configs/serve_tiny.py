@@ -24,6 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
         weights_dir="",           # published weight versions /admin/load reads (rl.runtime.weight_sync); "" =
         #                           where experiments/rl.py publishes them (rl.runtime.remote.weights_dir)
         seed=0,                   # seeds of requests that send none: a stream of draws from this
+        warmup=False,             # compile every engine shape before serving (inference.warmup, a progress bar): on
+        #                           2 CPU cores this engine's plan took over 5 minutes; the persistent cache
+        #                           (exp.compilation_cache_dir) keeps them for later starts
         log_level="warning",      # uvicorn's
     ))
     return c

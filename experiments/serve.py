@@ -20,6 +20,7 @@ import uvicorn
 
 from horizon.data.tokenizer import tokenizer_from_config
 from horizon.eval import load_params
+from horizon.inference import warmup
 from horizon.inference.config import engine_config
 from horizon.inference.remote import ADMIN_TOKEN_ENV
 from horizon.inference.server import make_app, validate_serve_config
@@ -27,7 +28,8 @@ from horizon.inference.service import EngineService
 from horizon.model import hf
 from horizon.rl.runtime import remote
 from horizon.rl.runtime.weight_sync import WeightReceiver
-from horizon.utils import cli
+from horizon.utils import cli, compiles
+from horizon.utils.progress import progress
 
 
 def checkpoint_dir(c) -> str:
@@ -55,7 +57,12 @@ def main(argv=None) -> None:
     ckpt = checkpoint_dir(c)
     params, meta = load_params(ckpt, c)
     tok = tokenizer_from_config(c)
-    service = EngineService(c, params, version=int(meta.get("step", 0)))
+    compiles.use_persistent_cache(str(c.exp.get("compilation_cache_dir", "") or ""))
+    n = len(warmup.plan(engine_config(c)).calls()) if c.serve.warmup else 0
+    bar = progress(total=n, desc="serve warm-up", unit="shape")
+    service = EngineService(c, params, version=int(meta.get("step", 0)), warm=bool(c.serve.warmup),
+                            on_warm=lambda: bar.update(1))
+    bar.close()
     load, directory = weight_loader(c, params)
     token = c.serve.admin_token or os.environ.get(ADMIN_TOKEN_ENV, "")
     app = make_app(service, tok, model_id=c.serve.model_id, max_len=engine_config(c).max_len,

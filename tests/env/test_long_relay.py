@@ -232,6 +232,7 @@ def test_stage2_trains_only_right_finals_when_asked():
 
     c = ml_collections.ConfigDict(CFG.to_dict())
     c.exp.update(dict(demo_backend="local", demo_sandboxes=2))
+    c.exp.sft.final_mask = "turn"                                   # design C: a wrong answer left out whole
     fam = family_from_config(c.exp)
     tasks = fam.tasks("train", 12)
     right = {t.final_answer for t in tasks}
@@ -250,3 +251,35 @@ def test_stage2_trains_only_right_finals_when_asked():
     every, only = trained_answers(False), trained_answers(True)
     assert len(every) == len(tasks) and set(every) - right           # some lossy answers are wrong demos
     assert only == [a for a in every if a in right]                  # the right ones kept, in order
+
+
+def test_letter_mask_keeps_the_answer_turn():
+    """`exp.sft.final_mask="letters"`: answers slot-aligned (a lost key's slot holds a guess from its own
+    slice), every chain keeps its trained answer turn, and only letters that match the task's answer in
+    their slot are trained (the guesses are left out unless right by chance)."""
+    from horizon.tools.format import FINAL_CLOSE, FINAL_OPEN
+
+    c = ml_collections.ConfigDict(CFG.to_dict())
+    c.exp.update(dict(demo_backend="local", demo_sandboxes=2))
+    c.exp.sft.final_mask = "letters"
+    fam = family_from_config(c.exp)
+    tasks = fam.tasks("train", 12)
+    rows = ss.demo_rows(fam, c, TOK, ("self_summary",), 0.0, tasks=tasks, keep=ss.keep_rule(c),
+                        correct_finals_only=True)
+    finals = []
+    for tokens, mask in rows:
+        text = TOK.decode([int(t) for t in tokens])
+        if FINAL_OPEN not in text:
+            continue
+        at = text.rindex(FINAL_OPEN)
+        answer = text[at + len(FINAL_OPEN):text.index(FINAL_CLOSE, at)]
+        trained = TOK.decode([int(t) for t, m in zip(tokens, mask) if m])
+        finals.append((answer, trained[trained.rindex(FINAL_OPEN) + len(FINAL_OPEN):]))
+    assert len(finals) == len(tasks)                               # no answer turn left out
+    wrong = 0
+    for (answer, trained), t in zip(finals, tasks):
+        kept = kr.ANSWER_LETTER_RE.findall(trained.split(FINAL_CLOSE)[0])
+        want = t.final_answer.replace("#", "").split()
+        assert all(k in want for k in kept)                        # no trained letter is a wrong guess
+        wrong += answer != t.final_answer
+    assert wrong > 0                                               # lossy chains were there to mask

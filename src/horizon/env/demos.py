@@ -18,7 +18,7 @@ from horizon.agent import Generation, Message, render, run_episodes
 from horizon.agent.prompt import split_turns, task_text
 from horizon.env.families import Family, make_episode
 from horizon.tasks import key_recall, synthetic
-from horizon.tools.format import render_call, render_final
+from horizon.tools.format import FINAL_OPEN, render_call, render_final
 
 CORRUPTIONS = ("next", "random")
 
@@ -51,17 +51,26 @@ def config_edit_demos(tasks, tok, rng: np.random.Generator, *, corrupt_prob: flo
 
 def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrupt_prob: float, seed: int,
                      key_alphabet: str, map_fn=map, correct_finals_only: bool = False, keep_prob: float = 1.0,
-                     memo_keep_prob: float = 0.0) -> list[tuple[np.ndarray, np.ndarray]]:
+                     memo_keep_prob: float = 0.0, final_mask: str = "turn", n_keys: int = 0,
+                     pin_slot: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
     """Demonstration chains of `KeyRecallDemoPolicy` through the real agent loop, one
     segment per row. `sandboxes` (any backend; commands are the env's own `cat`s) are reused
     in chunks, their tool calls in as many threads; `map_fn` may run resets in threads. Under
     observation masking the demonstrator notes each key in its own next turn (`notes`: the memory masking keeps). With
     `correct_finals_only` a chain's final answer is trained on only when it is right (a sliding
     window's answer is a guess: its reads are still its own correct demonstration). `keep_prob` and
-    `memo_keep_prob`: the long-horizon family's omission rule (`KeyRecallDemoPolicy`)."""
+    `memo_keep_prob`: the long-horizon family's omission rule (`KeyRecallDemoPolicy`). `final_mask`:
+    what of a wrong final `correct_finals_only` leaves out of the loss, the whole turn ("turn") or,
+    with slot-aligned answers (`n_keys`, `pin_slot`), only its letters that differ from the task's
+    answer in the same slot ("letters": the turn still teaches when to answer and the slot layout)."""
+    if final_mask not in FINAL_MASKS:
+        raise ValueError(f"final_mask must be one of {FINAL_MASKS}, got {final_mask!r}")
+    if final_mask == "letters" and not n_keys:
+        raise ValueError("final_mask='letters' needs slot-aligned answers (n_keys > 0)")
     policy = KeyRecallDemoPolicy(tok, corrupt_prob, seed, key_alphabet,
                                  notes=agent_cfg.context_strategy == "observation_masking", keep_prob=keep_prob,
-                                 memo_keep_prob=memo_keep_prob)
+                                 memo_keep_prob=memo_keep_prob, n_keys=n_keys if final_mask == "letters" else 0,
+                                 pin_slot=pin_slot)
     rows = []
     n = len(sandboxes)
     for i in range(0, len(tasks), n):
@@ -74,9 +83,30 @@ def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrup
                 continue
             segs = [(s.tokens, s.loss_mask) for s in tr.segments if s.loss_mask.any()]
             if correct_finals_only and tr.end_reason == "final" and tr.final_answer != t.final_answer and segs:
-                segs[-1] = (segs[-1][0], mask_final_turn(segs[-1][0], segs[-1][1]))
+                tokens, mask = segs[-1]
+                segs[-1] = (tokens, mask_final_turn(tokens, mask) if final_mask == "turn" else
+                            mask_wrong_letters(tokens, mask, t.final_answer, tok))
             rows += [r for r in segs if r[1].any()]
     return rows
+
+
+FINAL_MASKS = ("turn", "letters")
+
+
+def mask_wrong_letters(tokens: np.ndarray, loss_mask: np.ndarray, expected: str, tok) -> np.ndarray:
+    """`loss_mask` without the letters of the last generated span's answer ("#A #G ...") that differ
+    from `expected`'s letter in the same slot (a guess where the memory lost the fact)."""
+    m = np.asarray(loss_mask, bool).copy()
+    span = np.nonzero(m & ~mask_final_turn(tokens, m))[0]          # the final turn's trained positions
+    want = key_recall.ANSWER_LETTER_RE.findall(expected)
+    slot = 0
+    for i in span:
+        before, piece = tok.decode([int(t) for t in tokens[span[0]:i]]), tok.decode([int(tokens[i])])
+        if FINAL_OPEN in before and before.endswith(key_recall.KEY_MARK) and len(piece) == 1 and piece.isupper():
+            if slot >= len(want) or piece != want[slot]:
+                m[i] = False
+            slot += 1
+    return m
 
 
 def mask_final_turn(tokens: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
@@ -161,6 +191,8 @@ class KeyRecallDemoPolicy:
     notes: bool = False
     keep_prob: float = 1.0
     memo_keep_prob: float = 0.0
+    n_keys: int = 0                 # > 0: slot-aligned answers (`aligned_answer`; slot-alphabet families)
+    pin_slot: bool = False          # the alphabet has the pin's slice after the keys' (pin_prob > 0)
 
     def _rng(self, text: str) -> random.Random:
         return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
@@ -212,6 +244,22 @@ class KeyRecallDemoPolicy:
         tail = [pin[0]] if pin and key_recall.PIN_NEEDED in text else []
         return " ".join(key_recall.KEY_MARK + k for k in keys + tail)
 
+    def aligned_answer(self, text: str, rng: random.Random) -> str:
+        """The answer slot by slot (slot-alphabet families): slot i holds the context's key from the
+        i-th slice of the alphabet, or a guess from that slice where the context lost it (masked out of
+        the loss by `key_recall_demos(final_mask="letters")` unless right by chance); the pin's slot
+        follows where the context says it is needed. A lost key no longer shifts the later keys into
+        the wrong slots."""
+        slots = self.n_keys + self.pin_slot
+        found, out = ordered_keys(text), []
+        for i in range(self.n_keys):
+            alpha = key_recall.slot_alphabet(self.key_alphabet, slots, i)
+            out.append(next((k for k in found if k in alpha), None) or rng.choice(alpha))
+        if key_recall.PIN_NEEDED in text:
+            pins = key_recall.PIN_RE.findall(text)
+            out.append(pins[0] if pins else rng.choice(key_recall.slot_alphabet(self.key_alphabet, slots, self.n_keys)))
+        return " ".join(key_recall.KEY_MARK + k for k in out)
+
     def summary(self, text: str, kind: str = "self_summary") -> str:
         rng = self._rng(text)
         keys = self._memory(text, rng)
@@ -248,6 +296,8 @@ class KeyRecallDemoPolicy:
         note = self._note(last_msg, own, text)
         if last < n:
             return render_call("read", {"path": f"{last + 1}.log"}, thinking=note)
+        if self.n_keys:
+            return render_final(self.aligned_answer(text + "\n" + (note or ""), self._rng(text)), thinking=note)
         keys = ordered_keys(text + "\n" + (note or "")) or self._keys(text, self._rng(text))
         return render_final(self.answer(text, keys), thinking=note)
 

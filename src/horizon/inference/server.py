@@ -221,6 +221,7 @@ def validate_serve_config(c) -> None:
     need(isinstance(s.get("host"), str) and bool(s.host), "serve.host", s.get("host"), "must be a host name or address")
     need_int(s, "port", "serve", lo=0, hi=65535)
     need_int(s, "seed", "serve", lo=0)
+    need(isinstance(s.get("warmup"), bool), "serve.warmup", s.get("warmup"), "must be True or False")
     for k in ("checkpoint", "model_id", "admin_token", "weights_dir", "log_level"):
         need(isinstance(s.get(k), str), f"serve.{k}", s.get(k), "must be a string")
     need(bool(s.model_id), "serve.model_id", s.model_id, "must not be empty")

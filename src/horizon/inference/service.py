@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from horizon.inference import warmup
 from horizon.inference.engine import Completion, Request
 from horizon.inference.replicas import make_engine
 
@@ -48,9 +49,11 @@ def _settle(fut: concurrent.futures.Future, res) -> None:
 
 class EngineService:
     """`make_engine(cfg, poll=...)` run by one daemon thread; `cfg` is the full config (model +
-    `rl.sampler`), `overrides` go to the engine as in `EnginePolicy`."""
+    `rl.sampler`), `overrides` go to the engine as in `EnginePolicy`. `warm`: compile the engine's
+    whole plan first (`inference.warmup`; `on_warm()` after each call), so no request waits on a
+    compile and the process's memory holds every executable from the start."""
 
-    def __init__(self, cfg, params, *, version: int = 0, **overrides):
+    def __init__(self, cfg, params, *, version: int = 0, warm: bool = False, on_warm=None, **overrides):
         self._weights = (params, 0)                     # (params, load counter): what the engine polls
         self._labels = {0: int(version)}                # load counter -> the caller's version
         self._fresh = False                             # a load the engine thread has not seen yet
@@ -59,6 +62,8 @@ class EngineService:
         self._queue: collections.deque[Ticket] = collections.deque()
         self._make = lambda: make_engine(cfg, poll=self._poll, **overrides)
         self.engine = self._make()
+        if warm:                  # every shape the engine can call compiled before the first request
+            warmup.warm_up(self.engine, on_call=on_warm)
         self.stats: collections.Counter = collections.Counter()
         self._tickets: dict[int, Ticket] = {}
         self._closed = False

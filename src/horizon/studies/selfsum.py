@@ -23,7 +23,7 @@ import numpy as np
 
 from horizon.agent import split_turns
 from horizon.agent.summarize import STRATEGIES, SUMMARIZING
-from horizon.env.demos import key_recall_demos, ordered_keys
+from horizon.env.demos import FINAL_MASKS, key_recall_demos, ordered_keys
 from horizon.env.families import family_from_config
 from horizon.eval import harness
 from horizon.model import transformer
@@ -59,7 +59,8 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
             t0 = time.time()
             rows[s] = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
                                        seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet),
-                                       correct_finals_only=correct_finals_only, map_fn=pool.map, **keep)
+                                       correct_finals_only=correct_finals_only, map_fn=pool.map, **keep,
+                                       **final_rule(c))
             lossy = (f"lossy memories {corrupt_prob:.2f}" if keep["keep_prob"] >= 1.0 else
                      f"facts kept {keep['keep_prob']:.2f}, memos {keep['memo_keep_prob']:.2f}")
             print(f"demos {s} ({lossy}): {len(tasks)} chains -> {len(rows[s])} segments, "
@@ -69,6 +70,17 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
         pool.shutdown()
         for b in boxes:
             b.close()
+
+
+def final_rule(c) -> dict:
+    """`key_recall_demos`' treatment of a wrong final answer from `exp.sft.final_mask`: "turn" (left
+    out whole) or "letters" (slot-aligned answers, only the guessed letters left out; design D of
+    docs/results/selfsum_rl.md), with the family's slots from `exp.task`."""
+    mode = str(c.exp.sft.get("final_mask", "turn"))
+    if mode != "letters":
+        return dict(final_mask=mode)
+    t = c.exp.task
+    return dict(final_mask=mode, n_keys=int(t.n_keys), pin_slot=float(t.get("pin_prob", 0.0)) > 0)
 
 
 def keep_rule(c, stage: str = "sft") -> dict:
@@ -413,6 +425,10 @@ def validate_study(c) -> None:
             need_float(e.sft, k, "exp.sft", 0.0, 1.0)
     if not isinstance(e.sft.get("correct_finals_only", False), bool):
         raise ConfigError(f"exp.sft.correct_finals_only={e.sft.correct_finals_only!r}: must be True or False")
+    need(e.sft.get("final_mask", "turn") in FINAL_MASKS, "exp.sft.final_mask", e.sft.get("final_mask"),
+         f"must be one of {FINAL_MASKS}")
+    need(e.sft.get("final_mask", "turn") != "letters" or bool(e.task.get("slot_alphabets", False)),
+         "exp.sft.final_mask", "letters", "needs exp.task.slot_alphabets=True (a letter's slot is its alphabet)")
 
 
 # ----------------------------------------------------------------------------- report

@@ -100,6 +100,7 @@ MEMO_TEMPLATE = "memo #{}"                           # a distractor line (lowerc
 PIN_TEMPLATE = "pin #{}"                             # the pin: needed only where the last log says PIN_NEEDED
 PIN_NEEDED = "pin needed"
 PIN_RE = re.compile(r"pin #([A-Z])")
+ANSWER_LETTER_RE = re.compile(r"#([A-Z])")                # the letters of an answer ("#A #G #P"), in slot order
 FACT_RE = re.compile(r"key #[A-Z]|pin #[A-Z]|pin needed|memo #[a-z]")   # what a memory may carry, in order
 MEMO_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 MAX_LOGS = 16

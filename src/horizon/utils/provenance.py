@@ -139,7 +139,10 @@ def announce(argv: Sequence[str] | None = None, *, config=None, seeds=None, file
     out = file or sys.stdout
 
     def emit():
-        print("provenance: " + json.dumps(dict(p.fields(), argv=argv)), file=out, flush=True)
+        try:
+            print("provenance: " + json.dumps(dict(p.fields(), argv=argv)), file=out, flush=True)
+        except (ValueError, OSError):      # the stream closed first (a benchmark run inside pytest)
+            pass
 
     emit()
     atexit.register(emit)

@@ -131,3 +131,20 @@ def _tensorboard_equals_jsonl(run_dir: pathlib.Path, jsonl: str = "metrics.jsonl
 def tensorboard_equals_jsonl():
     """`check(run_dir, jsonl="metrics.jsonl")`: a run's TensorBoard scalars equal its JSONL records."""
     return _tensorboard_equals_jsonl
+
+
+def _load_script(relpath: str):
+    """A repository script (experiments/*.py, benchmarks/*.py) as a module, its `main` callable in-process."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[1] / relpath
+    spec = importlib.util.spec_from_file_location(path.stem + "_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def load_script():
+    """`load_script("experiments/rl.py")`: the script as a module (drivers run in-process by tests)."""
+    return _load_script

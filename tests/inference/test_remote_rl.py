@@ -2,7 +2,6 @@
 in-process run: 3 RL steps from the same SFT checkpoints, every version pushed through the run's
 weight store and `/admin/load`, the same metrics.jsonl (docs/SERVING.md). Slow: two RL runs."""
 
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -29,13 +28,6 @@ SETS = ["exp.steps=3", "rl.optim.warmup_steps=0", "exp.sft.clean_steps=2", "exp.
 CLOCK = ("_s", "per_s", "time/", "compile", "occupancy", "slot_steps", "switches", "wall", "load_avg", "engine_tokens")
 
 
-def _driver():
-    spec = importlib.util.spec_from_file_location("rl_driver", ROOT / "experiments" / "rl.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _records(out: pathlib.Path) -> list[dict]:
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if not any(m in k for m in CLOCK)}
@@ -43,9 +35,10 @@ def _records(out: pathlib.Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_remote_rl_reproduces_in_process(tmp_path, monkeypatch):
+def test_remote_rl_reproduces_in_process(tmp_path, monkeypatch, load_script):
     argv = [f"--config={ROOT / 'configs' / 'rl_tiny.py'}"] + [f"--config.{s}" for s in SETS]
     local, far = tmp_path / "local", tmp_path / "remote"
+    _driver = lambda: load_script("experiments/rl.py")    # noqa: E731  (a fresh module per run)
     _driver().main(argv + [f"--config.exp.out_dir={local}"])
     far.mkdir()
     for d in ("sft_clean", "sft"):                                   # the same warm start, restored

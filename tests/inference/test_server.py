@@ -225,18 +225,14 @@ def test_seed_key_round_trip():
 
 
 @pytest.mark.slow
-def test_eval_remote_equals_in_process(server, tmp_path):
+def test_eval_remote_equals_in_process(server, tmp_path, load_script):
     """experiments/eval.py on 8 tasks x 1 pass: the same per-episode results in-process and through the
     server (`rl.sampler.backend="remote"`) serving the same weights. Slow (two eval runs, ~1 min);
     the default suite's `test_remote_policy_equals_engine_policy` checks the same policy path."""
-    import importlib.util
-
     from horizon.eval import load_params
     from horizon.utils.seeds import run_keys
 
-    spec = importlib.util.spec_from_file_location("eval_driver", "experiments/eval.py")
-    drv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(drv)
+    drv = load_script("experiments/eval.py")
     base = ["--config=configs/eval_tiny.py", "--config.eval.num_tasks=8", "--config.eval.num_passes=1",
             "--config.eval.backend=local", "--config.eval.checkpoints=('untrained=',)", "--config.eval.warmup=False"]
     c = drv.load_config(base)

@@ -180,6 +180,7 @@ def test_admin_load_token_and_swap(server):
         assert httpx.post(url + "/admin/load", json={"version": 1}, headers=headers).status_code == 401
     auth = {"Authorization": f"Bearer {TOKEN}"}
     assert httpx.post(url + "/admin/load", json={"version": 9}, headers=auth, timeout=60).status_code == 404
+    assert httpx.post(url + "/admin/load", json=[1], headers=auth, timeout=60).status_code == 400
     r = httpx.post(url + "/admin/load", json={"version": 1}, headers=auth, timeout=60)
     assert r.status_code == 200 and r.json()["version"] == 1
     assert httpx.get(url + "/v1/models").json()["data"][0]["horizon_weight_version"] == 1

@@ -83,7 +83,7 @@ def make_app(service: EngineService, tok, *, model_id: str, max_len: int, vocab:
             raise api.ApiError(401, "the admin route needs 'Authorization: Bearer <serve.admin_token>'",
                                kind="authentication_error")
         body = await body_of(request)
-        v = body.get("version")
+        v = body.get("version") if isinstance(body, dict) else None
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise api.ApiError(400, f"'version' must be a non-negative integer, got {v!r}", "version")
         if load_version is None:

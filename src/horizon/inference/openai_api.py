@@ -36,6 +36,11 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = int(status), message, param, kind
 
+    @classmethod
+    def server(cls, e: BaseException) -> ApiError:
+        """The 500 of an exception the server raised itself (not the request's fault)."""
+        return cls(500, f"{type(e).__name__}: {e}", kind="server_error")
+
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 

@@ -62,7 +62,7 @@ def make_app(service: EngineService, tok, *, model_id: str, max_len: int, vocab:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception):
-        return _error(api.ApiError(500, f"{type(e).__name__}: {e}", kind="server_error"))
+        return _error(api.ApiError.server(e))
 
     async def body_of(request: Request) -> dict:
         return await _body(request, model_id)
@@ -143,7 +143,7 @@ def _settle(fut: asyncio.Future, res) -> None:
     if isinstance(res, ValueError):          # the engine refused the request: the client's error
         fut.set_exception(api.ApiError(400, str(res)))
     elif isinstance(res, BaseException):
-        fut.set_exception(api.ApiError(500, f"{type(res).__name__}: {res}", kind="server_error"))
+        fut.set_exception(api.ApiError.server(res))
     else:
         fut.set_result(res)
 
@@ -180,7 +180,7 @@ async def _stream(service: EngineService, tok, s: api.Sampling, reqs: list, rid:
             continue
         open_ -= 1
         if isinstance(res, BaseException):
-            yield _event(api.ApiError(500, f"{type(res).__name__}: {res}", kind="server_error").body())
+            yield _event(api.ApiError.server(res).body())
             continue
         toks, lps = [int(t) for t in res.tokens], [float(x) for x in res.logprobs]
         finish = "stop" if res.stopped else "length"

@@ -66,7 +66,8 @@ def main(argv=None) -> None:
     load, directory = weight_loader(c, params)
     token = c.serve.admin_token or os.environ.get(ADMIN_TOKEN_ENV, "")
     app = make_app(service, tok, model_id=c.serve.model_id, max_len=engine_config(c).max_len,
-                   vocab=int(c.model.vocab_size), admin_token=token, load_version=load, seed=int(c.serve.seed))
+                   vocab=int(c.model.vocab_size), admin_token=token, load_version=load, weights_dir=directory,
+                   seed=int(c.serve.seed))
     print(f"serving {meta.get('source', ckpt or 'init')} (step {meta.get('step', 0)}) as {c.serve.model_id!r} at "
           f"http://{c.serve.host}:{c.serve.port}/v1; /admin/load "
           f"{'reads ' + directory if token else 'is off (no serve.admin_token / $' + ADMIN_TOKEN_ENV + ')'}",

@@ -19,7 +19,8 @@ from horizon.utils.config import ConfigError
 TOK = ByteTokenizer()
 
 
-def _app(status: int = 200, fail_first: int = 0, token_ids: bool = True, admin: bool = True) -> FastAPI:
+def _app(status: int = 200, fail_first: int = 0, token_ids: bool = True, admin: bool = True,
+         store: str = "/runs/x/weights") -> FastAPI:
     app, calls = FastAPI(), {"n": 0}
 
     @app.post("/v1/completions")
@@ -32,9 +33,9 @@ def _app(status: int = 200, fail_first: int = 0, token_ids: bool = True, admin: 
         return {"choices": [ch]}
 
     if admin:
-        @app.post("/admin/load")
-        async def load():
-            return JSONResponse({"error": {"message": "bad", "param": "version"}}, status_code=400)
+        @app.get("/admin/weights")
+        async def weights():
+            return {"object": "weights", "weights_dir": store, "version": 0}
 
     app.state.calls = calls
     return app
@@ -45,8 +46,9 @@ def _policy(url: str, retries: int = 2) -> RemotePolicy:
     return p
 
 
-def _cfg(url: str) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(dict(rl=dict(sampler=dict(backend="remote", base_url=url + "/v1"))))
+def _cfg(url: str, weights: str = "/runs/x/weights") -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(rl=dict(sampler=dict(backend="remote", base_url=url + "/v1",
+                                                               remote_weights_dir=weights))))
 
 
 def test_transient_5xx_is_retried(monkeypatch):
@@ -85,12 +87,16 @@ def test_probe_refuses_before_work():
         with pytest.raises(ConfigError, match="no token ids"):
             rl_remote.probe(_cfg(url), TOK)
     with serving(_app(admin=False)) as url:
-        with pytest.raises(ConfigError, match="no horizon /admin/load"):
+        with pytest.raises(ConfigError, match="no horizon admin routes"):
             rl_remote.probe(_cfg(url), TOK)
     with pytest.raises(ConfigError, match="no OpenAI-compatible server answers"):
         rl_remote.probe(_cfg(url), TOK)
     with serving(_app()) as url:
-        rl_remote.probe(_cfg(url), TOK)                          # token ids, log-probs and the load route
+        with pytest.raises(ConfigError, match="loads weights from '/runs/x/weights' but this run publishes them "
+                                              "to '/runs/y/weights'"):
+            rl_remote.probe(_cfg(url, "/runs/y/weights"), TOK)
+        rl_remote.probe(_cfg(url, "/runs/y/weights"), TOK, weights="/runs/x/../x/weights")   # the run's store named
+        rl_remote.probe(_cfg(url), TOK)                          # token ids, log-probs, the admin routes, one store
 
 
 def test_stream_text_holds_back_a_split_character():

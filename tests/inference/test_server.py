@@ -7,6 +7,7 @@ One server (configs/serve_tiny.py's model and engine, random weights) for the wh
 
 import concurrent.futures
 import json
+import os
 
 import httpx
 import jax
@@ -51,9 +52,10 @@ def server(tmp_path_factory):
     pub.close()
     svc = EngineService(CFG, params0)
     app = make_app(svc, TOK, model_id=MODEL, max_len=engine_config(CFG).max_len, vocab=int(CFG.model.vocab_size),
-                   admin_token=TOKEN, load_version=lambda v: WeightReceiver(weights).load(params0, v)[0])
+                   admin_token=TOKEN, load_version=lambda v: WeightReceiver(weights).load(params0, v)[0],
+                   weights_dir=str(weights))
     with serving(app) as url:
-        yield dict(url=url, svc=svc, params=(params0, params1))
+        yield dict(url=url, svc=svc, params=(params0, params1), weights=weights)
     svc.close()
 
 
@@ -178,7 +180,10 @@ def test_admin_load_token_and_swap(server):
     url = server["url"]
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         assert httpx.post(url + "/admin/load", json={"version": 1}, headers=headers).status_code == 401
+        assert httpx.get(url + "/admin/weights", headers=headers).status_code == 401
     auth = {"Authorization": f"Bearer {TOKEN}"}
+    store = httpx.get(url + "/admin/weights", headers=auth).json()
+    assert store == {"object": "weights", "weights_dir": os.path.realpath(server["weights"]), "version": 0}
     assert httpx.post(url + "/admin/load", json={"version": 9}, headers=auth, timeout=60).status_code == 404
     assert httpx.post(url + "/admin/load", json=[1], headers=auth, timeout=60).status_code == 400
     r = httpx.post(url + "/admin/load", json={"version": 1}, headers=auth, timeout=60)

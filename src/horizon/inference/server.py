@@ -32,6 +32,7 @@ from horizon.inference.config import validate_engine
 from horizon.inference.engine import Request as EngineRequest
 from horizon.inference.service import EngineService
 from horizon.utils.config import ConfigError, need, need_int
+from horizon.utils.files import url_dir
 
 
 def _error(e: api.ApiError) -> JSONResponse:
@@ -49,10 +50,19 @@ class _Seeds:
             return int(self._rng.integers(0, api.SEED_LIMIT, dtype=np.uint64))
 
 
+def _admit(request: Request, admin_token: str) -> None:
+    """An admin route's guard: 401 unless the server has a token and the request bears it."""
+    auth = request.headers.get("authorization", "")
+    if not admin_token or not hmac.compare_digest(auth.encode(), f"Bearer {admin_token}".encode()):
+        raise api.ApiError(401, "the admin route needs 'Authorization: Bearer <serve.admin_token>'",
+                           kind="authentication_error")
+
+
 def make_app(service: EngineService, tok, *, model_id: str, max_len: int, vocab: int, admin_token: str = "",
-             load_version: Callable[[int], dict] | None = None, seed: int = 0) -> FastAPI:
-    """The app; `load_version(v) -> params` reads a published version (`/admin/load`, refused when
-    `admin_token` is empty or the request's bearer token differs)."""
+             load_version: Callable[[int], dict] | None = None, weights_dir: str = "", seed: int = 0) -> FastAPI:
+    """The app; `load_version(v) -> params` reads a published version of the store `weights_dir`
+    (`/admin/load`; ``GET /admin/weights`` names the store and the version served; both refused
+    when `admin_token` is empty or the request's bearer token differs)."""
     app = FastAPI(title="horizon", docs_url=None, redoc_url=None)
     seeds = _Seeds(seed)
 
@@ -76,12 +86,15 @@ def make_app(service: EngineService, tok, *, model_id: str, max_len: int, vocab:
     async def health():
         return {"status": "ok", "weight_version": service.version, **{k: int(v) for k, v in service.stats.items()}}
 
+    @app.get("/admin/weights")
+    async def weights(request: Request):
+        _admit(request, admin_token)
+        store = url_dir(weights_dir).canonical if weights_dir and load_version is not None else ""
+        return {"object": "weights", "weights_dir": store, "version": service.version}
+
     @app.post("/admin/load")
     async def load(request: Request):
-        auth = request.headers.get("authorization", "")
-        if not admin_token or not hmac.compare_digest(auth.encode(), f"Bearer {admin_token}".encode()):
-            raise api.ApiError(401, "the admin route needs 'Authorization: Bearer <serve.admin_token>'",
-                               kind="authentication_error")
+        _admit(request, admin_token)
         body = await body_of(request)
         v = body.get("version") if isinstance(body, dict) else None
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -70,6 +70,12 @@ class UrlDir:
     def __str__(self) -> str:
         return self.url
 
+    @property
+    def canonical(self) -> str:
+        """The name two processes compare to know they address one store: a local directory's
+        real absolute path (whatever the cwd or links), else the URL."""
+        return os.path.realpath(self.root) if self.local else self.url.rstrip("/")
+
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
 

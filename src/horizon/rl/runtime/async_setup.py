@@ -10,6 +10,7 @@ import math
 import os
 import pathlib
 
+from horizon.inference.remote import ADMIN_TOKEN_ENV
 from horizon.model.params import numpy_init
 from horizon.parallel.mesh import mesh_sizes
 from horizon.rl.runtime import core as runtime
@@ -42,14 +43,18 @@ def mesh_devices(cfg) -> int:
 def child_env(cfg, processes: int = 1) -> dict[str, str]:
     """Environment for JAX child processes: CPU, the run's mesh devices (`c.mesh`: the trainer and
     each rollout worker run their steps on it) split over `processes` JAX processes (a trainer
-    group joined by jax.distributed), few threads (shared machine). A child gets it at process
+    group joined by jax.distributed), few threads (shared machine), and the server's admin token
+    where the driver has one. A child gets it at process
     start, before its backend reads XLA_FLAGS."""
     n = int(cfg.async_.threads_per_process)
     flags = f"--xla_force_host_platform_device_count={mesh_devices(cfg) // int(processes)}"
     if n == 1:
         flags += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
-            "OMP_NUM_THREADS": str(n), "OPENBLAS_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+    env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+           "OMP_NUM_THREADS": str(n), "OPENBLAS_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+    if token := os.environ.get(ADMIN_TOKEN_ENV, ""):   # a remote rollout worker loads versions (docs/SERVING.md)
+        env[ADMIN_TOKEN_ENV] = token
+    return env
 
 
 def setup_jax(cfg) -> None:

@@ -23,7 +23,7 @@ from horizon.parallel import mesh as pmesh
 from horizon.parallel.packing import ROW_ORDER_METHODS
 from horizon.rl.algo import losses
 from horizon.rl.runtime import remote
-from horizon.rl.runtime.async_setup import mesh_devices
+from horizon.rl.runtime.async_setup import data_root, mesh_devices
 from horizon.rl.runtime.core import batch_slots
 from horizon.rl.runtime.pools import POOLS, docker_host_for, parse_resources
 from horizon.rl.runtime.weight_sync import CODECS, DTYPES
@@ -257,9 +257,11 @@ def validate_async(c) -> None:
     steps = need_int(c.exp, "steps", "exp", lo=1)
     validate_rl(c, steps)
     validate_rl_mesh(c)
-    need(not remote.is_remote(c), "rl.sampler.backend", "remote",
-         "the async runtime samples in-process; a remote endpoint serves experiments/rl.py and eval (docs/SERVING.md)")
     a = c.async_
+    served = remote.is_remote(c)
+    need(not served or tuple(a.compare) in (("async",), ("sync_mp",)), "async_.compare", a.compare,
+         "with rl.sampler.backend='remote' one orchestrated loop, ('async',) or ('sync_mp',): one server "
+         "loads one run's weight store (docs/SERVING.md, 'Async RL')")
     need_int(a, "max_staleness", "async_", lo=0)
     for k in ("num_rollout_workers", "publish_every", "full_every", "keep_fulls", "shard_elems", "publish_threads",
               "threads_per_process", "toy_max_new_tokens", "smooth"):
@@ -300,3 +302,6 @@ def validate_async(c) -> None:
             validate_sft(c)
     elif str(a.init_from) and not pathlib.Path(str(a.init_from)).is_dir():
         raise ConfigError(f"async_.init_from={a.init_from!r}: no such checkpoint directory")
+    if served:                                 # last: the only check that talks to something
+        loop_dir = pathlib.Path(str(a.run_dir)) / str(a.compare[0])
+        remote.probe(c, tokenizer_from_config(c), weights=f"{data_root(c, loop_dir)}/weights")

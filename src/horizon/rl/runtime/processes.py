@@ -25,7 +25,7 @@ import numpy as np
 from horizon.data.tokenizer import tokenizer_from_config
 from horizon.model.params import numpy_init
 from horizon.rl.runtime import core as runtime
-from horizon.rl.runtime import distributed, storage, weight_sync, workers
+from horizon.rl.runtime import distributed, remote, storage, weight_sync, workers
 from horizon.rl.runtime.async_setup import append_jsonl, child_env, data_root, initial_params, make_publisher, setup_jax
 from horizon.rl.runtime.loop import run_rl
 from horizon.rl.runtime.pools import docker_host_for
@@ -115,7 +115,8 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
     if host := docker_host_for(a.get("docker_hosts", ""), node_ip()):
         os.environ["DOCKER_HOST"] = host      # read when this process makes its Docker client
     tok = tokenizer_from_config(cfg)
-    template = jax.eval_shape(lambda: numpy_init(cfg.model, 0))
+    served = remote.is_remote(cfg)                    # the server loads each version itself (docs/SERVING.md)
+    template = None if served else jax.eval_shape(lambda: numpy_init(cfg.model, 0))
     data = data_root(cfg, run)
     source = workers.WeightSource(f"{data}/weights", template, min_interval_s=float(a.weight_poll_interval_s))
     store = storage.GroupStore(f"{data}/groups")
@@ -126,7 +127,8 @@ def rollout_worker_main(worker_id: int, cfg, run_dir: str, requests, events) -> 
             for r in reqs:
                 events.put(dict(kind="generating", slot=int(r["slot"]), worker=name, time=time.time()))
             source.wait_for(max(int(r["min_version"]) for r in reqs), float(a.weights_timeout_s))
-            recs, info = runtime.rollout_groups(env, reqs, source.poll, cfg, tok, worker=name)
+            recs, info = runtime.rollout_groups(env, reqs, source.poll, cfg, tok, worker=name,
+                                                push=remote.already_published if served else None)
             for rec in recs:
                 events.put(dict(kind="scored", slot=rec.slot, worker=name, time=time.time()))
                 wrote = store.put(rec)

@@ -14,6 +14,7 @@ import httpx
 from horizon.inference.remote import ADMIN_TOKEN_ENV, RemoteBackendError, generation_of
 from horizon.rl.runtime.weight_sync import WeightPublisher
 from horizon.utils.config import ConfigError
+from horizon.utils.files import url_dir
 
 
 def is_remote(c) -> bool:
@@ -52,14 +53,21 @@ class VersionPush:
         self.publisher.close()
 
 
+def already_published(params, version: int) -> None:
+    """The push of an async rollout worker: the trainer published every version already
+    (`processes.trainer_main`), so the server only loads it (`RemotePolicy.sync_weights`)."""
+
+
 def push_for(c) -> VersionPush | None:
     """The run's weight push, or None for the in-process engine."""
     return VersionPush(c) if is_remote(c) else None
 
 
-def probe(c, tok) -> None:
+def probe(c, tok, weights: str | None = None) -> None:
     """Refuse (`ConfigError`, one line) an endpoint that does not answer, returns no token ids or
-    log-probs, or would refuse the run's weight updates (no ``/admin/load``, or a wrong token)."""
+    log-probs, would refuse the run's weight updates (no horizon admin routes, or a wrong token), or
+    loads them from another store than `weights` (the directory the run publishes to, default
+    `weights_dir`)."""
     s = c.rl.sampler
     url = str(s.base_url).rstrip("/")
     body = {"prompt": list(tok.context_start()) or [0], "max_tokens": 1, "logprobs": 1, "seed": 0,
@@ -74,15 +82,19 @@ def probe(c, tok) -> None:
         generation_of(r.json()["choices"][0], 0)
         token = os.environ.get(ADMIN_TOKEN_ENV, "")
         auth = {"Authorization": f"Bearer {token}"} if token else {}
-        a = httpx.post(f"{url.removesuffix('/v1')}/admin/load", json={"version": -1}, headers=auth, timeout=60)
+        a = httpx.get(f"{url.removesuffix('/v1')}/admin/weights", headers=auth, timeout=60)
     except httpx.HTTPError as e:
         raise ConfigError(f"rl.sampler.base_url={url!r}: no OpenAI-compatible server answers ({type(e).__name__}); "
                           "start one with experiments/serve.py (docs/SERVING.md)") from None
     except (RemoteBackendError, KeyError, IndexError, ValueError) as e:
         raise ConfigError(f"rl.sampler.base_url={url!r}: {e}") from None
     if a.status_code in (401, 403):
-        raise ConfigError(f"rl.sampler.base_url={url!r}: /admin/load refuses this run's token; set ${ADMIN_TOKEN_ENV} "
-                          "to the server's serve.admin_token")
-    if a.status_code == 404 or a.json().get("error", {}).get("param") != "version":
-        raise ConfigError(f"rl.sampler.base_url={url!r}: no horizon /admin/load route ({a.status_code}): RL pushes "
-                          "its weights through it (docs/SERVING.md, 'Use with vLLM / SGLang')")
+        raise ConfigError(f"rl.sampler.base_url={url!r}: the admin routes refuse this run's token; set "
+                          f"${ADMIN_TOKEN_ENV} to the server's serve.admin_token")
+    if a.status_code == 404 or "weights_dir" not in a.json():
+        raise ConfigError(f"rl.sampler.base_url={url!r}: no horizon admin routes ({a.status_code}): RL pushes "
+                          "its weights through /admin/load (docs/SERVING.md, 'Use with vLLM / SGLang')")
+    mine, theirs = url_dir(weights or weights_dir(c)).canonical, str(a.json()["weights_dir"])
+    if mine != theirs:
+        raise ConfigError(f"rl.sampler.base_url={url!r}: the server loads weights from {theirs or 'no store'!r} but "
+                          f"this run publishes them to {mine!r}; start it with --config.serve.weights_dir={mine}")

@@ -50,7 +50,8 @@ def test_remote_rl_reproduces_in_process(tmp_path, monkeypatch, load_script):
     monkeypatch.setenv(ADMIN_TOKEN_ENV, "rl-test")
     app = make_app(svc, tokenizer_from_config(c), model_id="horizon-tiny", max_len=engine_config(c).max_len,
                    vocab=int(c.model.vocab_size), admin_token="rl-test",
-                   load_version=lambda v: WeightReceiver(far / "weights").load(template, v)[0])
+                   load_version=lambda v: WeightReceiver(far / "weights").load(template, v)[0],
+                   weights_dir=str(far / "weights"))
     try:
         with serving(app) as url:
             _driver().main(argv + [f"--config.exp.out_dir={far}", "--config.rl.sampler.backend=remote",

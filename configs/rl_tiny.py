@@ -221,6 +221,7 @@ def experiment_config() -> ml_collections.ConfigDict:
     #                                   progress line (horizon.rl.runtime.warmup; studies turn it on)
     e.steps = 40                      # RL steps
     e.n_sft_tasks = 4096              # train seeds [0, n) for demonstrations; RL prompts come after them
+    e.stop_after_sft = False          # experiments/rl.py ends after the SFT warm start (a pipeline's first command)
     e.pool_size = 32                  # pooled sandboxes (= rollouts per RL step = eval chunk)
     e.sandbox_cpus = 0.5              # docker limits per sandbox
     e.sandbox_mem = "256m"

@@ -27,6 +27,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.baseline_runs = 2               # suite runs per repository for flaky screening
     c.heldout = ("__manifest__",)     # held-out repository names; ("__manifest__",) = the manifest's `heldout`
     c.out_dir = "runs/swegen"         # train.jsonl, heldout.jsonl, report.json
+    c.unseen_fraction = 0.0           # this fraction of each train repository's instances -> unseen.jsonl (never
+    #                                   demonstrated or trained on: the train repositories' own held-out instances)
     c.build_images = True             # one horizon-swegen:<id> image per instance (False: JSONL without images)
     c.gen = ml_collections.ConfigDict(dict(
         n_candidates=0,               # single-site mutations validated per repository (0 = images and baselines only)

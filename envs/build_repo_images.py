@@ -9,9 +9,11 @@ suite twice in it (flaky tests excluded; baseline.json, skipped when current). W
 coverage.json), validate seeded mutation candidates in Docker with `gen.workers` containers
 (`horizon.taskgen.generate`; verdicts cached per candidate content hash, so a rebuild is incremental),
 build an image per kept instance (`horizon-swegen:<id>`), and write `out_dir`/train.jsonl and
-heldout.jsonl (split by repository) and report.json (with the run's `provenance`: commit, config
-hash, seed, start, wall time, load). Never pulls. Progress bars with ETA run over the repositories
-and, per repository, over the candidates validated and the instance images built; wall time is printed.
+heldout.jsonl (split by repository; with `unseen_fraction` > 0 also unseen.jsonl: that fraction of
+each train repository's instances, `generate.hold_out_unseen`) and report.json (with the run's
+`provenance`: commit, config hash, seed, start, wall time, load). Never pulls. Progress bars with
+ETA run over the repositories and, per repository, over the candidates validated and the instance
+images built; wall time is printed.
 
     python envs/build_repo_images.py                                            # images + baselines only
     python envs/build_repo_images.py --config.repos='("parse","six")' --config.gen.n_candidates=40
@@ -30,7 +32,7 @@ from horizon.taskgen import generate, repos
 from horizon.tasks import swebench
 from horizon.tasks.task import TaskError
 from horizon.utils import cli
-from horizon.utils.config import ConfigError, need_int
+from horizon.utils.config import ConfigError, need_float, need_int
 from horizon.utils.progress import progress, say
 from horizon.utils.provenance import Provenance
 
@@ -49,6 +51,7 @@ def gen_options(c) -> generate.GenOptions:
 def validate(c) -> None:
     gen_options(c)
     need_int(c, "baseline_runs", "config", lo=1)
+    need_float(c, "unseen_fraction", "config", 0.0, 0.5)
     try:
         specs = repos.select(repos.load_manifest(c.manifest or None), list(c.repos))
         heldout_names(c)
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             splits[split] += got
             reports.append(rep)
             say(f"[generate {spec.name}] {json.dumps(rep)}")
+    if float(c.unseen_fraction) > 0:
+        splits["train"], splits["unseen"] = generate.hold_out_unseen(splits["train"], float(c.unseen_fraction))
     if opts.n_candidates or opts.n_features:
         out = pathlib.Path(c.out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -98,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         print(generate.report_table(report), flush=True)
         print(f"[build_repo_images] {report['instances']} instances from {report['repositories_with_instances']} "
-              f"repositories (train {len(splits['train'])}, heldout {len(splits['heldout'])}) -> {out}/"
-              "{train,heldout}.jsonl, report.json", flush=True)
+              f"repositories ({', '.join(f'{k} {len(v)}' for k, v in splits.items())}) -> {out}/"
+              f"{{{','.join(splits)}}}.jsonl, report.json", flush=True)
     print(f"[build_repo_images] done: {len(specs)} repositories in {time.monotonic() - t0:.1f}s wall", flush=True)
     return 0
 

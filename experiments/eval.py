@@ -33,7 +33,7 @@ from horizon.eval import (
     summarize,
     write_jsonl,
 )
-from horizon.eval.report import repo_rows
+from horizon.eval.report import diagnosis_md, diagnosis_rows, repo_rows
 from horizon.eval.setup import (
     build_tasks,
     checkpoint_list,
@@ -118,9 +118,9 @@ def main(argv=None):
         records += recs
         per_task += rows
         overall.append(o)
-    per_repo = repo_rows(per_task, {t.id: task_repo(t) for t in tasks})
+    per_repo, per_kind = repo_rows(per_task, {t.id: task_repo(t) for t in tasks}), diagnosis_rows(records)
     stamped = [prov.stamp(o) for o in overall]
-    for k, v in dict(records=records, per_task=per_task, summary=stamped, per_repo=per_repo).items():
+    for k, v in dict(records=records, per_task=per_task, summary=stamped, per_repo=per_repo, per_kind=per_kind).items():
         write_jsonl(out / f"{k}.jsonl", v)
     n = int(e.num_passes)
     cols = ["policy"] + [c2 for col in OVERALL_COLS for c2 in
@@ -135,11 +135,11 @@ def main(argv=None):
           f"Checkpoints: {json.dumps({k: v for k, v in policies})}. best_of_K = unbiased pass@K; flops = "
           f"2 x {active:,} active params x processed tokens (see horizon.eval.harness).\n\n"
           + markdown_table(overall, cols) + "\n## Per repository\n\n" + markdown_table(per_repo, REPO_COLS)
-          + "\n## Per task\n\n" + markdown_table(per_task, task_cols))
+          + diagnosis_md(per_kind) + "\n## Per task\n\n" + markdown_table(per_task, task_cols))
     (out / "results.md").write_text(md)
     best_of_k_plot(overall, out / "best_of_k.png")
     print("\n" + markdown_table(overall, cols))
-    print("\n" + markdown_table(per_repo, REPO_COLS))
+    print("\n" + markdown_table(per_repo, REPO_COLS) + diagnosis_md(per_kind))
     print(f"files: {out}/{{records.jsonl, per_task.jsonl, per_repo.jsonl, summary.jsonl, results.md, best_of_k.png, "
           "config.json}")
     return overall

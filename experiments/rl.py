@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 from horizon.agent.prompt import Message, render, task_text
+from horizon.eval.report import rl_curve_plot
 from horizon.inference import sampler
 from horizon.model import hf
 from horizon.rl.runtime import checks, loop, remote, workers
@@ -85,33 +86,6 @@ def sft_check(params, family, tasks, c, tok, key) -> dict:
     return out
 
 
-def plot(records, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rl = [r for r in records if r.get("phase") == "rl"]
-    ev = [r for r in records if r.get("phase") == "eval"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if rl:
-        s = [r["step"] for r in rl]
-        ax.plot(s, [r["reward_mean"] for r in rl], ".-", alpha=0.5, label="train reward (mean)")
-        ax.plot(s, [r["best_of_k"] for r in rl], ".-", alpha=0.5, label=f"train best-of-{rl[0]['group_size']}")
-    if ev:
-        s = [r["step"] for r in ev]
-        ax.errorbar(s, [r["heldout_mean"] for r in ev], yerr=[r["heldout_std"] for r in ev], fmt="o-", capsize=3,
-                    label="held-out success (mean ± std over passes)")
-        ax.plot(s, [r["heldout_best_of_k"] for r in ev], "s--",
-                label=f"held-out best-of-{len(ev[0]['heldout_passes'])}")
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("reward / success")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3), ax.legend(fontsize=8)
-    ax.set_title("RL on synthetic config-edit tasks (Docker sandboxes, CPU)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv=None):
     c = load_config(argv)
     prov, t_start = Provenance.start(c), time.time()
@@ -122,6 +96,10 @@ def main(argv=None):
     print(f"{len(env.pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
     try:
         params = loop.warm_start(c, family, tok, out, log, keys["init"])
+        if c.exp.get("stop_after_sft", False):            # a pipeline's first command (docs/REAL_REPOS.md)
+            log.close()
+            print(f"SFT done in {time.time() - t_start:.0f}s: {out / 'sft'} (exp.stop_after_sft)", flush=True)
+            return {}
         heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
         if family.name != "swebench" and not (out / "ckpt").is_dir():
             t0 = time.time()
@@ -137,7 +115,7 @@ def main(argv=None):
     summary = dict(loop.gain_summary(res["evals"], log.records), wall_s=time.time() - t_start, provenance=prov.fields())
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if c.exp.plot:
-        plot(log.records, out / "rewards.png")
+        rl_curve_plot(log.records, out / "rewards.png", f"RL on {family.name} tasks (Docker sandboxes, CPU)")
     log.close(final=summary)
     print("summary:", json.dumps(summary))
     print(f"outputs in {out}/: config.json metrics.jsonl summary.json" + (" rewards.png" if c.exp.plot else "")

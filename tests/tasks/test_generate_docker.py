@@ -117,6 +117,12 @@ def test_eval_gold_and_empty_policies(generated, tmp_path):
     assert {(r["policy"], r["repo"], r["accuracy"]) for r in per_repo} == {("gold", "pypi/inflection", 1.0),
                                                                           ("empty", "pypi/inflection", 0.0)}
     assert "## Per repository" in (tmp_path / "results.md").read_text()
+    # the diagnosis (horizon.tasks.diagnosis): gold edits the right lines; the empty policy edits nothing
+    rows = map(json.loads, (tmp_path / "per_kind.jsonl").read_text().splitlines())
+    kinds = {(r["policy"], r["bug_kind"]): r for r in rows}
+    gold, empty = kinds["gold", "all"], kinds["empty", "all"]
+    assert (gold["right_file"], gold["right_hunk"], gold["mode/solved"]) == (1.0, 1.0, gold["episodes"])
+    assert (empty["right_file"], empty["files_edited"], empty["mode/no_edit"]) == (0.0, 0.0, empty["episodes"])
 
 
 def test_timeout_then_next_candidate(generated, monkeypatch):
@@ -175,6 +181,50 @@ def test_rl_family_swebench(generated):
         assert [i["infra"] for i in infos] == [False, False] and [i["verifier"] for i in infos] == [0.0, 0.0], infos
     finally:
         pool.close()
+
+
+def _inverse(patch: str) -> str:
+    """`patch` undone: its - and + lines swapped (and the counts of its hunk headers)."""
+    out = []
+    for line in patch.splitlines(True):
+        if line.startswith("@@"):
+            old, new = line.split(" ")[1:3]
+            line = line.replace(f"{old} {new}", f"-{new[1:]} +{old[1:]}", 1)
+        elif line[:1] in "+-" and not line.startswith(("+++", "---")):
+            line = ("+" if line[0] == "-" else "-") + line[1:]
+        out.append(line)
+    return "".join(out)
+
+
+def test_gold_patch_demos(generated):
+    """The demo builder (`horizon.env.swe_demos`, configs/swe_real.py's agent) on two instances: the
+    gold patch's trajectory is kept (reward 1 in the sandbox) with one edit call per hunk; the
+    same instance with its patch reversed (each edit's old text is not in the file) is dropped."""
+    from horizon.data.tokenizer import tokenizer_from_config
+    from horizon.env.families import family_from_config
+    from horizon.env.rollouts import SandboxPool
+    from horizon.env.swe_demos import swebench_demos
+    from horizon.sandbox import DEFAULT_BASE_IMAGE
+    from horizon.utils import cli
+
+    paths, _, _ = generated
+    c = cli.parse(["--config=configs/swe_real.py", f"--config.exp.task.train_path={paths['train']}",
+                   f"--config.exp.task.heldout_path={paths['heldout']}"], default="configs/swe_real.py")
+    fam = family_from_config(c.exp)
+    train = list({t.id: t for t in fam.tasks("train", 8)}.values())
+    good = max(train, key=lambda t: len(swebench.patch_hunks(t.metadata["patch"])))
+    bad = dataclasses.replace(good, id=good.id + "-reversed", prompt=good.prompt + "\n(reversed)",
+                              metadata={**good.metadata, "patch": _inverse(good.metadata["patch"])})
+    tok = tokenizer_from_config(c)
+    pool = SandboxPool(2, "docker", cpus=1.0, mem="1g", workers=2, image=DEFAULT_BASE_IMAGE)
+    try:
+        rows, report = swebench_demos(fam, [good, bad], pool, c, tok)
+    finally:
+        pool.close()
+    assert (report.kept, report.unsolved, report.infra) == (1, [bad.id], []), report.line()
+    text = "".join(tok.decode([int(x) for x in r[0][r[1]]]) for r in rows)      # the trained (assistant) tokens
+    n_hunks = len(swebench.patch_hunks(good.metadata["patch"]))
+    assert text.count("<function=edit_file>") == n_hunks and text.count("<final>") == 1
 
 
 @pytest.mark.slow

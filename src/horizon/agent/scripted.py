@@ -43,10 +43,11 @@ def script_from_task(task) -> list[str]:
 
 
 class ScriptedPolicy:
-    """Replays fixed turns per task, reading progress and queries from the context."""
+    """Replays fixed turns per task, reading progress and queries from the context. A turn is its
+    text, or (thought, text): the thought follows the step marker in the turn's think block."""
 
-    def __init__(self, scripts: dict[str, Sequence[str]], tokenizer, policy_version: int = 0):
-        self.scripts = {k.strip(): list(v) for k, v in scripts.items()}
+    def __init__(self, scripts: dict[str, Sequence[str | tuple[str, str]]], tokenizer, policy_version: int = 0):
+        self.scripts = {k.strip(): [t if isinstance(t, tuple) else ("", t) for t in v] for k, v in scripts.items()}
         if not self.scripts:
             raise ValueError("ScriptedPolicy needs at least one script")
         self.tok = tokenizer
@@ -92,7 +93,8 @@ class ScriptedPolicy:
         if script is None:
             return render_final("I do not recognise this task.")
         k = min(last + 1, len(script) - 1)
-        return f"<think>[step {k}]</think>\n" + self.fill(script[k], text)
+        thought, turn = script[k]
+        return f"<think>[step {k}]{' ' + thought if thought else ''}</think>\n" + self.fill(turn, text)
 
     def __call__(self, contexts: list, max_new_tokens: int) -> list[Generation]:
         out = []

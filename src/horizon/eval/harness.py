@@ -45,7 +45,9 @@ from horizon.eval import behaviour
 from horizon.inference.policy import Policy, StreamWrapper, rollout_policy
 from horizon.inference.sampler import ParamsHolder
 from horizon.model import hf, transformer
+from horizon.sandbox.base import SandboxInfraError
 from horizon.tasks import open_task_sandbox, verify
+from horizon.tasks.diagnosis import diagnose
 from horizon.train.checkpoint import restore_params
 from horizon.utils.progress import progress
 from horizon.utils.seeds import run_keys
@@ -217,9 +219,13 @@ def _finish_one(setup: EvalSetup, task, sb, traj) -> dict:
     verify_s = time.perf_counter() - t
     if v.infra:
         return dict(infra=v.infra_error)
+    try:
+        diag = diagnose(task, sb, v, traj.end_reason)     # SWE-bench tasks: where it went wrong
+    except SandboxInfraError as e:
+        return dict(infra=str(e) or type(e).__name__)
     edited = behaviour.eager_edit(task, sb) if setup.check_edits and not task.should_edit else None
     return dict(reward=float(v.reward), tests_passed=int(v.passed), tests_total=int(v.total), verify_s=verify_s,
-                edited_files=edited)
+                edited_files=edited, **diag)
 
 
 def run_eval(policy: Policy, tasks: Sequence, setup: EvalSetup, *, policy_name: str = "policy",

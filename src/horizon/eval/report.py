@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from horizon.tasks.diagnosis import MODES
+
 
 def write_jsonl(path: str | pathlib.Path, records: Iterable[dict]) -> pathlib.Path:
     """Write `records` one JSON object per line (overwrites)."""
@@ -160,3 +162,65 @@ def repo_rows(per_task: Sequence[dict], repo_of: dict[str, str]) -> list[dict]:
         groups.setdefault((r["policy"], repo_of.get(r["task_id"], r["kind"])), []).append(r)
     return [dict(policy=p, repo=repo, tasks=len(rs), accuracy=float(np.mean([r["accuracy"] for r in rs])),
                  best_of_1=float(np.mean([r["best_of_1"] for r in rs]))) for (p, repo), rs in groups.items()]
+
+
+def rl_curve_plot(records: Sequence[dict], path: str | pathlib.Path, title: str) -> None:
+    """An RL run's curves from its metrics records (experiments/rl.py's rewards.png): train reward and
+    best-of-group per step, held-out success (mean +- std over passes) and best-of-passes per eval."""
+    import matplotlib  # noqa: PLC0415  (plotting only where a plot is asked for)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rl = [r for r in records if r.get("phase") == "rl"]
+    ev = [r for r in records if r.get("phase") == "eval"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if rl:
+        s = [r["step"] for r in rl]
+        ax.plot(s, [r["reward_mean"] for r in rl], ".-", alpha=0.5, label="train reward (mean)")
+        ax.plot(s, [r["best_of_k"] for r in rl], ".-", alpha=0.5, label=f"train best-of-{rl[0]['group_size']}")
+    if ev:
+        s = [r["step"] for r in ev]
+        ax.errorbar(s, [r["heldout_mean"] for r in ev], yerr=[r["heldout_std"] for r in ev], fmt="o-", capsize=3,
+                    label="held-out success (mean ± std over passes)")
+        ax.plot(s, [r["heldout_best_of_k"] for r in ev], "s--",
+                label=f"held-out best-of-{len(ev[0]['heldout_passes'])}")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("reward / success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3), ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+DIAG_COLS = ["policy", "bug_kind", "episodes", "solved", "right_file", "right_hunk", "files_edited", "actions",
+             "summaries"]
+
+
+def diagnosis_rows(records: Sequence[dict]) -> list[dict]:
+    """Per (policy, bug kind) and per policy over all kinds ("all"), from the episodes of SWE-bench
+    tasks (`horizon.tasks.diagnosis` fields): success, edits in the gold patch's file / near its
+    hunks, files edited, tool calls and summaries per episode, and the count of each failure mode
+    (``mode/<name>``). Empty when no record has a diagnosis."""
+    rs = [r for r in records if "swe_mode" in r]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rs:
+        for kind in (r["swe_kind"], "all"):
+            groups.setdefault((r["policy"], kind), []).append(r)
+    return [dict(policy=p, bug_kind=k, episodes=len(g), solved=float(np.mean([r["solved"] for r in g])),
+                 right_file=float(np.mean([r["swe_right_file"] for r in g])),
+                 right_hunk=float(np.mean([r["swe_right_hunk"] for r in g])),
+                 files_edited=float(np.mean([r["swe_files_edited"] for r in g])),
+                 actions=float(np.mean([r["tool_calls"] for r in g])),
+                 summaries=float(np.mean([r["summaries"] for r in g])),
+                 **{f"mode/{m}": sum(r["swe_mode"] == m for r in g) for m in MODES})
+            for (p, k), g in sorted(groups.items())]
+
+
+def diagnosis_md(rows: Sequence[dict]) -> str:
+    """`diagnosis_rows` as a Markdown section ("" without rows)."""
+    if not rows:
+        return ""
+    modes = [k for k in rows[0] if k.startswith("mode/")]
+    return "\n## Where episodes went wrong (per bug kind)\n\n" + markdown_table(list(rows), DIAG_COLS + modes)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import itertools
 import os
 import pathlib
@@ -139,6 +140,22 @@ def build_instances(spec: repos.RepoSpec, kept: list[tuple], repo_src, o: GenOpt
         results = ex.map(build, kept)
         built = list(progress(results, total=len(kept), desc=desc, unit="instance", leave=False) if kept else results)
     return [i for i, _ in built], sum(b for _, b in built)
+
+
+def hold_out_unseen(instances: list, fraction: float) -> tuple[list, list]:
+    """(train, unseen): per repository, the `fraction` of its instances with the lowest sha256 of
+    their id (rounded, at least one where `fraction` > 0 and the repository has two) are unseen
+    instances of a train repository, never demonstrated or trained on (docs/REAL_REPOS.md);
+    deterministic, and stable as instances are added."""
+    by_repo: dict[str, list] = collections.defaultdict(list)
+    for i in instances:
+        by_repo[i.repo].append(i)
+    unseen = set()
+    for items in by_repo.values():
+        k = min(len(items) - 1, max(1 if fraction > 0 else 0, round(fraction * len(items))))
+        ranked = sorted(items, key=lambda i: hashlib.sha256(i.instance_id.encode()).hexdigest())
+        unseen.update(i.instance_id for i in ranked[:max(0, k)])
+    return [i for i in instances if i.instance_id not in unseen], [i for i in instances if i.instance_id in unseen]
 
 
 def _count(items) -> dict:

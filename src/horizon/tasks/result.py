@@ -13,6 +13,7 @@ class VerifyResult:
     total: int
     output: str
     infra_error: str = ""       # non-empty: the sandbox failed, `reward` means nothing (never trained on)
+    details: dict = dataclasses.field(default_factory=dict)   # grader-specific counts (swebench: failing tests)
 
     @property
     def infra(self) -> bool:

@@ -158,6 +158,61 @@ def patch_files(patch: str) -> list[str]:
     return sorted(paths)
 
 
+@dataclasses.dataclass(frozen=True)
+class Hunk:
+    """One hunk of a unified diff: `old` (its context and removed lines) becomes `new` (its context
+    and added lines) in `path`; `old_start` is its first line in the file before the patch (the
+    diff's ``-a``), `new_start` once the hunks before it in the same file are applied (``+c``)."""
+    path: str
+    new_start: int
+    old: str
+    new: str
+    old_start: int = 0
+
+    def changed_lines(self) -> tuple[int, int]:
+        """(first, last) line of the file before the patch that the hunk changes (its context
+        aside; an insertion is the line before which it inserts)."""
+        a, b = self.old.split("\n"), self.new.split("\n")
+        pre = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        suf = next((i for i, (x, y) in enumerate(zip(a[::-1][:len(a) - pre], b[::-1][:len(b) - pre])) if x != y),
+                   min(len(a), len(b)) - pre)
+        return self.old_start + pre, max(self.old_start + pre, self.old_start + len(a) - 1 - suf)
+
+
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def patch_hunks(patch: str) -> list[Hunk]:
+    """The hunks of a unified diff, in order. A hunk body is read by its header's line counts, so a
+    removed line that itself starts with ``--`` is not mistaken for a file header."""
+    hunks, path, lines, i = [], None, patch.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if line.startswith("+++ "):
+            path = line[4:].split("\t")[0].removeprefix("b/")
+            continue
+        m = _HUNK_RE.match(line)
+        if not m or path is None:
+            continue
+        n_old, n_new = int(m.group(2) or 1), int(m.group(4) or 1)
+        old, new = [], []
+        while i < len(lines) and (len(old) < n_old or len(new) < n_new):
+            body = lines[i]
+            i += 1
+            tag, text = body[:1], body[1:]
+            if tag in (" ", ""):
+                old.append(text)
+                new.append(text)
+            elif tag == "-":
+                old.append(text)
+            elif tag == "+":
+                new.append(text)
+            # "\ No newline at end of file": not a line of either side
+        hunks.append(Hunk(path, int(m.group(3)), "\n".join(old), "\n".join(new), int(m.group(1))))
+    return hunks
+
+
 def test_files(inst_or_lists) -> list[str]:
     """The test files pytest runs: the file part of every FAIL_TO_PASS / PASS_TO_PASS id."""
     ids = (inst_or_lists.fail_to_pass + inst_or_lists.pass_to_pass
@@ -224,7 +279,8 @@ def instance_task(inst: SweInstance, *, repo_path: str | os.PathLike | None = No
             "base_commit": inst.base_commit, "patch": inst.patch, "test_patch": inst.test_patch,
             "fail_to_pass": list(inst.fail_to_pass), "pass_to_pass": list(inst.pass_to_pass),
             "test_files": test_files(inst), "test_patch_files": protected_files(inst),
-            "test_originals": originals, "skipped_files": skipped, "prepared_image": image is not None}
+            "test_originals": originals, "skipped_files": skipped, "prepared_image": image is not None,
+            "generator": dict(inst.extra.get("metadata") or {})}     # the task generator's kind, file, line
     return Task(id=task_id_for(inst.instance_id), prompt=inst.problem_statement, files=files,
                 test_cmd=pytest_command(test_files(inst)), reward_mode=REWARD_MODE, image=image,
                 kind="bugfix", split=split or inst.split or "train", metadata=meta)
@@ -302,7 +358,8 @@ def grade(task: Task, sandbox, timeout: float | None = None):
     except FileNotFoundError:
         report = ""
     if r.timed_out:
-        return VerifyResult(0.0, 0, len(wanted), f"[swebench] tests timed out after {timeout}s\n{report[-4000:]}")
+        return VerifyResult(0.0, 0, len(wanted), f"[swebench] tests timed out after {timeout}s\n{report[-4000:]}",
+                            details=dict(timed_out=True))
     status = parse_test_report(report)
     bad = {t: status.get(t, "MISSING") for t in wanted if status.get(t) not in PASS_STATUSES}
     passed = len(wanted) - len(bad)
@@ -311,7 +368,8 @@ def grade(task: Task, sandbox, timeout: float | None = None):
     notes = [f"[swebench] {passed}/{len(wanted)} required tests pass",
              f"FAIL_TO_PASS not passing: {[(t, bad[t]) for t in f2p_bad]}",
              f"PASS_TO_PASS not passing: {[(t, bad[t]) for t in p2p_bad]}", report[-4000:]]
-    return VerifyResult(float(not bad), passed, len(wanted), "\n".join(notes))
+    return VerifyResult(float(not bad), passed, len(wanted), "\n".join(notes),
+                        details=dict(f2p_failed=len(f2p_bad), p2p_failed=len(p2p_bad)))
 
 
 def instance_dockerfile(base_image: str, labels: dict[str, str]) -> str:

@@ -32,9 +32,10 @@ import numpy as np
 
 from horizon.data.packing import pack_sequences
 from horizon.data.tokenizer import tokenizer_from_config
+from horizon.env import swe_demos
 from horizon.env.demos import config_edit_demos
 from horizon.env.families import Family, family_from_config
-from horizon.env.rollouts import SANDBOX_USE_KEYS
+from horizon.env.rollouts import SANDBOX_USE_KEYS, SandboxPool
 from horizon.eval import harness
 from horizon.inference import policy as engine_policy
 from horizon.inference import sampler
@@ -220,12 +221,34 @@ def initial_params(c, key):
 
 
 def warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init):
-    """experiments/rl.py's starting params: the SFT warm start (`config_edit_warm_start`), or for a
-    task set without demonstrations (the ``swebench`` family) the initial params (`initial_params`:
-    `model.init_from` or a fresh init)."""
+    """experiments/rl.py's starting params: the SFT warm start (`config_edit_warm_start`; for the
+    ``swebench`` family `swebench_warm_start`), or for a task set with ``exp.n_sft_tasks = 0`` (no
+    demonstrations) the initial params (`initial_params`: `model.init_from` or a fresh init)."""
     if family.name == "swebench":
-        return initial_params(c, key_init)
+        if int(c.exp.n_sft_tasks) == 0:
+            return initial_params(c, key_init)
+        return swebench_warm_start(c, family, tok, out, log, key_init)
     return config_edit_warm_start(c, family, tok, out, log, key_init)
+
+
+def swebench_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
+    """SFT into out/<name> from `initial_params` on gold-patch demonstrations
+    (`horizon.env.swe_demos`) of the first `exp.n_sft_tasks` distinct train instances, each run in its
+    own image and kept only where the verifier gives it 1 (docs/REAL_REPOS.md). One stage: every
+    demonstration is correct."""
+    def demos():
+        tasks = list({t.id: t for t in family.tasks("train", int(c.exp.n_sft_tasks))}.values())
+        pool = SandboxPool.from_config(c)
+        try:
+            rows, report = swe_demos.swebench_demos(family, tasks, pool, c, tok)
+        finally:
+            pool.close()
+        say(f"[demos] {report.line()}")
+        log(dict(phase="demos", **report.record()))
+        if not rows:
+            raise RuntimeError(f"no demonstration reached reward 1 ({report.line()})")
+        return rows
+    return run_sft(initial_params(c, key_init), demos, c, out, log, stage=SFTStage.from_config(c, name))
 
 
 def config_edit_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):

@@ -28,6 +28,7 @@ def get_config():
     c.agent.update(dict(max_turns=12, max_new_tokens=512, max_context_tokens=4000, trigger_tokens=3000,
                         context_strategy="self_summary", summary_max_tokens=256, max_malformed_calls=2))
     c.rl.length_penalty.weights = bpe.rl.length_penalty.weights
+    c.rl.batch.micro_rows = 12        # a chain can have agent.max_turns segments (self-summary) and must fit one
     e = c.exp
     e.task.train_path = "runs/swe_real/tasks/train.jsonl"
     e.task.heldout_path = "runs/swe_real/tasks/heldout.jsonl"      # the held-out repositories

@@ -6,7 +6,7 @@ import difflib
 
 from horizon.agent.scripted import ScriptedPolicy
 from horizon.data.tokenizer import ByteTokenizer
-from horizon.env.swe_demos import demo_script, pytest_run
+from horizon.env.swe_demos import demo_script, edit_strings, pytest_run
 from horizon.tasks.swebench import patch_hunks
 from horizon.tasks.task import Task
 from horizon.tools.format import parse_action
@@ -52,7 +52,7 @@ def test_a_patch_of_several_hunks_takes_several_edit_calls():
     assert [a.name if a.kind == "call" else a.kind for a in acts] == \
         ["run_shell", "read_file", "edit_file", "read_file", "edit_file", "run_shell", "final"]
     edits = [a.args for a in acts if a.name == "edit_file"]
-    assert [e["old_str"] for e in edits] == [h.old for h in patch_hunks(patch)]
+    assert [(e["old_str"], e["new_str"]) for e in edits] == [edit_strings(h) for h in patch_hunks(patch)]
     assert all(e["path"] == "/workspace/pkg/m.py" and e["command"] == "str_replace" for e in edits)
     reads = [a.args for a in acts if a.name == "read_file"]
     assert [int(r["start_line"]) for r in reads] == [1, patch_hunks(patch)[1].new_start - 6]   # text until the registry
@@ -107,3 +107,13 @@ def test_unseen_instances_are_a_stable_fraction_of_each_train_repository():
     more, more_unseen = hold_out_unseen(insts + [inst("b", 3)], 0.2)
     assert set(by(unseen, "a")) == set(by(more_unseen, "a"))          # adding instances elsewhere moves nothing
     assert hold_out_unseen(insts, 0.0) == (insts, [])
+
+
+def test_an_edit_keeps_one_line_of_context():
+    after = BEFORE.replace("x + 1", "x - 1")
+    (h,) = patch_hunks(_diff(BEFORE, after, "m.py"))
+    assert edit_strings(h) == ("def f(x):\n    return x + 1\ny0 = 0", "def f(x):\n    return x - 1\ny0 = 0")
+    (ins,) = patch_hunks(_diff(BEFORE, BEFORE.replace("y5 = 5\n", "y5 = 5\nz = 0\n"), "m.py"))
+    old, new = edit_strings(ins)                                  # a pure insertion keeps two lines each side
+    assert old == "y4 = 4\ny5 = 5\ny6 = 6\ny7 = 7" and new == "y4 = 4\ny5 = 5\nz = 0\ny6 = 6\ny7 = 7"
+    assert BEFORE.replace(old, new) == BEFORE.replace("y5 = 5\n", "y5 = 5\nz = 0\n")

@@ -3,7 +3,8 @@ docs/REAL_REPOS.md "Demonstrations").
 
 For each instance a scripted engineer's trajectory (`demo_script`): run the failing tests, open
 the file of each hunk of the gold patch around it, make that hunk's edit with `edit_file`
-(one ``str_replace`` per hunk, so a patch of several hunks takes several calls), rerun the tests,
+(one ``str_replace`` per hunk of its changed lines and one line of context, `edit_strings`, so a
+patch of several hunks takes several calls), rerun the tests,
 finish. It is executed by the real agent loop in the instance's own image through the RL rollout
 path (`rollouts.rollout_batch`: the same tools, output truncation, context strategy at the
 trigger and verifier), so every observation is real, and a chain is kept only where the verifier
@@ -21,7 +22,7 @@ from horizon.agent.scripted import ScriptedPolicy
 from horizon.env.families import Family
 from horizon.env.rollouts import SandboxPool, rollout_batch
 from horizon.tasks.diagnosis import bug_kind
-from horizon.tasks.swebench import patch_hunks
+from horizon.tasks.swebench import Hunk, patch_hunks
 from horizon.tasks.task import Task
 from horizon.tools.format import render_call, render_final
 from horizon.utils.progress import progress
@@ -29,6 +30,7 @@ from horizon.utils.progress import progress
 MAX_TESTS = 4            # failing tests the demonstrator runs (the problem statement lists up to 8)
 READ_MARGIN = 6          # lines shown before and after a hunk when the file is opened
 TAIL_LINES = 25          # the end of pytest's output: the short summary and the last traceback
+EDIT_CONTEXT = 1         # unchanged lines kept on each side of an edit's changed lines
 WORKSPACE = "/workspace"
 
 
@@ -38,6 +40,17 @@ def pytest_run(tests) -> str:
     ids = " ".join(shlex.quote(t) for t in tests)
     return (f"python3 -m pytest -q -p no:cacheprovider --color=no {ids} 2>&1 | tail -n {TAIL_LINES}; "
             "exit ${PIPESTATUS[0]}")
+
+
+def edit_strings(h: Hunk, context: int = EDIT_CONTEXT) -> tuple[str, str]:
+    """(old_str, new_str) of a hunk's edit: its changed lines with `context` unchanged lines on each
+    side (one more each side for a pure insertion), so the call stays short; the diff's own context
+    is 3 lines. Text that is no longer unique in the file makes the edit fail and the chain drop."""
+    a, b = h.old.split("\n"), h.new.split("\n")
+    pre, suf = h.context()
+    keep = context + (len(a) - pre - suf == 0)
+    lo, hi_a, hi_b = max(0, pre - keep), len(a) - max(0, suf - keep), len(b) - max(0, suf - keep)
+    return "\n".join(a[lo:hi_a]), "\n".join(b[lo:hi_b])
 
 
 def demo_script(task: Task, *, max_tests: int = MAX_TESTS) -> list[tuple[str, str]]:
@@ -54,9 +67,10 @@ def demo_script(task: Task, *, max_tests: int = MAX_TESTS) -> list[tuple[str, st
         lo, hi = max(1, h.new_start - READ_MARGIN), h.new_start + n_lines - 1 + READ_MARGIN
         turns.append((f"The failure comes from {h.path}; open it around line {h.new_start}.",
                       render_call("read_file", {"path": path, "start_line": lo, "end_line": hi})))
+        old_str, new_str = edit_strings(h)
         turns.append((f"Fix the code at {h.path}:{h.new_start}.",
-                      render_call("edit_file", {"command": "str_replace", "path": path, "old_str": h.old,
-                                                "new_str": h.new})))
+                      render_call("edit_file", {"command": "str_replace", "path": path, "old_str": old_str,
+                                                "new_str": new_str})))
     files = sorted({h.path for h in hunks})
     turns.append(("Run the tests again to check the fix.", run))
     turns.append(("The failing tests pass now.",
@@ -84,9 +98,11 @@ class DemoReport:
                 "demos/tokens": self.tokens, **{f"demos/kept_{k}": v for k, v in sorted(self.kinds_kept.items())}}
 
     def line(self) -> str:
+        dropped = "".join(f"; {name}: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}"
+                          for name, ids in (("unsolved", self.unsolved), ("sandbox failed", self.infra)) if ids)
         return (f"{self.kept}/{self.tried} demos kept ({len(self.unsolved)} unsolved, {len(self.infra)} sandbox "
                 f"failures); {self.rows} rows, {self.tokens} trained tokens, {self.summaries} summaries; kept by "
-                f"kind {dict(sorted(self.kinds_kept.items()))} of {dict(sorted(self.kinds_tried.items()))}")
+                f"kind {dict(sorted(self.kinds_kept.items()))} of {dict(sorted(self.kinds_tried.items()))}{dropped}")
 
 
 def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[list, DemoReport]:

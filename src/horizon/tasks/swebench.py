@@ -169,14 +169,20 @@ class Hunk:
     new: str
     old_start: int = 0
 
-    def changed_lines(self) -> tuple[int, int]:
-        """(first, last) line of the file before the patch that the hunk changes (its context
-        aside; an insertion is the line before which it inserts)."""
+    def context(self) -> tuple[int, int]:
+        """(leading, trailing) lines the old and new text share: the hunk's unchanged context."""
         a, b = self.old.split("\n"), self.new.split("\n")
         pre = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         suf = next((i for i, (x, y) in enumerate(zip(a[::-1][:len(a) - pre], b[::-1][:len(b) - pre])) if x != y),
                    min(len(a), len(b)) - pre)
-        return self.old_start + pre, max(self.old_start + pre, self.old_start + len(a) - 1 - suf)
+        return pre, suf
+
+    def changed_lines(self) -> tuple[int, int]:
+        """(first, last) line of the file before the patch that the hunk changes (its context
+        aside; an insertion is the line before which it inserts)."""
+        pre, suf = self.context()
+        n = self.old.count("\n") + 1
+        return self.old_start + pre, max(self.old_start + pre, self.old_start + n - 1 - suf)
 
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")

@@ -117,3 +117,14 @@ def test_an_edit_keeps_one_line_of_context():
     old, new = edit_strings(ins)                                  # a pure insertion keeps two lines each side
     assert old == "y4 = 4\ny5 = 5\ny6 = 6\ny7 = 7" and new == "y4 = 4\ny5 = 5\nz = 0\ny6 = 6\ny7 = 7"
     assert BEFORE.replace(old, new) == BEFORE.replace("y5 = 5\n", "y5 = 5\nz = 0\n")
+
+
+def test_an_edit_widens_its_context_until_it_is_unique_in_the_file():
+    text = "a\nb\nx\nc\nd\nb\nx\nc\ne\n"                       # "b\nx\nc" occurs twice
+    after = "a\nb\nx\nc\nd\nb\ny\nc\ne\n"
+    (h,) = patch_hunks(_diff(text, after, "m.py"))
+    assert edit_strings(h) == ("b\nx\nc", "b\ny\nc")                  # one line of context, not unique
+    assert edit_strings(h, text) == ("d\nb\nx\nc\ne", "d\nb\ny\nc\ne")  # two: unique
+    script = demo_script(_task(_diff(text, after, "m.py")), {"m.py": text})
+    edit = next(parse_action(x).args for _, x in script if "edit_file" in x)
+    assert text.count(edit["old_str"]) == 1 and text.replace(edit["old_str"], edit["new_str"]) == after

@@ -3,8 +3,9 @@ docs/REAL_REPOS.md "Demonstrations").
 
 For each instance a scripted engineer's trajectory (`demo_script`): run the failing tests, open
 the file of each hunk of the gold patch around it, make that hunk's edit with `edit_file`
-(one ``str_replace`` per hunk of its changed lines and one line of context, `edit_strings`, so a
-patch of several hunks takes several calls), rerun the tests,
+(one ``str_replace`` per hunk: its changed lines with one line of context, more where that is
+not unique in the file as the instance has it, `edit_strings` and `gold_files`; a patch of several
+hunks takes several calls), rerun the tests,
 finish. It is executed by the real agent loop in the instance's own image through the RL rollout
 path (`rollouts.rollout_batch`: the same tools, output truncation, context strategy at the
 trigger and verifier), so every observation is real, and a chain is kept only where the verifier
@@ -20,7 +21,8 @@ from collections import Counter
 
 from horizon.agent.scripted import ScriptedPolicy
 from horizon.env.families import Family
-from horizon.env.rollouts import SandboxPool, rollout_batch
+from horizon.env.rollouts import SandboxPool, rollout_batch, task_image
+from horizon.sandbox.base import SandboxError
 from horizon.tasks.diagnosis import bug_kind
 from horizon.tasks.swebench import Hunk, patch_hunks
 from horizon.tasks.task import Task
@@ -42,19 +44,27 @@ def pytest_run(tests) -> str:
             "exit ${PIPESTATUS[0]}")
 
 
-def edit_strings(h: Hunk, context: int = EDIT_CONTEXT) -> tuple[str, str]:
+def edit_strings(h: Hunk, text: str | None = None, context: int = EDIT_CONTEXT) -> tuple[str, str]:
     """(old_str, new_str) of a hunk's edit: its changed lines with `context` unchanged lines on each
-    side (one more each side for a pure insertion), so the call stays short; the diff's own context
-    is 3 lines. Text that is no longer unique in the file makes the edit fail and the chain drop."""
+    side (one more for a pure insertion), widened up to the diff's own context until old_str occurs
+    once in the file's current `text` (when given), so the call stays short and `str_replace`
+    accepts it. A hunk that is never unique makes its edit fail, and the chain is dropped."""
     a, b = h.old.split("\n"), h.new.split("\n")
     pre, suf = h.context()
     keep = context + (len(a) - pre - suf == 0)
-    lo, hi_a, hi_b = max(0, pre - keep), len(a) - max(0, suf - keep), len(b) - max(0, suf - keep)
-    return "\n".join(a[lo:hi_a]), "\n".join(b[lo:hi_b])
+    while True:
+        lo, hi_a, hi_b = max(0, pre - keep), len(a) - max(0, suf - keep), len(b) - max(0, suf - keep)
+        old, new = "\n".join(a[lo:hi_a]), "\n".join(b[lo:hi_b])
+        if text is None or text.count(old) <= 1 or (lo == 0 and hi_a == len(a)):
+            return old, new
+        keep += 1
 
 
-def demo_script(task: Task, *, max_tests: int = MAX_TESTS) -> list[tuple[str, str]]:
-    """(thought, turn text) of the engineer's trajectory for a generated instance (module docstring)."""
+def demo_script(task: Task, files: dict[str, str] | None = None, *, max_tests: int = MAX_TESTS
+                ) -> list[tuple[str, str]]:
+    """(thought, turn text) of the engineer's trajectory for a generated instance (module docstring);
+    `files`: the gold patch's files as the instance has them (path -> text), for unique edits."""
+    files = dict(files or {})
     hunks = patch_hunks(str(task.metadata["patch"]))
     if not hunks:
         raise ValueError(f"{task.id}: the gold patch has no hunks")
@@ -67,7 +77,9 @@ def demo_script(task: Task, *, max_tests: int = MAX_TESTS) -> list[tuple[str, st
         lo, hi = max(1, h.new_start - READ_MARGIN), h.new_start + n_lines - 1 + READ_MARGIN
         turns.append((f"The failure comes from {h.path}; open it around line {h.new_start}.",
                       render_call("read_file", {"path": path, "start_line": lo, "end_line": hi})))
-        old_str, new_str = edit_strings(h)
+        old_str, new_str = edit_strings(h, files.get(h.path))
+        if h.path in files:                                   # the next hunk sees this one applied
+            files[h.path] = files[h.path].replace(old_str, new_str, 1)
         turns.append((f"Fix the code at {h.path}:{h.new_start}.",
                       render_call("edit_file", {"command": "str_replace", "path": path, "old_str": old_str,
                                                 "new_str": new_str})))
@@ -76,6 +88,18 @@ def demo_script(task: Task, *, max_tests: int = MAX_TESTS) -> list[tuple[str, st
     turns.append(("The failing tests pass now.",
                   render_final(f"Fixed {', '.join(files)}: the failing tests pass.")))
     return turns
+
+
+def gold_files(sandbox, task: Task) -> dict[str, str]:
+    """The gold patch's files as the instance's sandbox has them (a file that cannot be read is left
+    out: its edits keep the short context)."""
+    out = {}
+    for path in sorted({h.path for h in patch_hunks(str(task.metadata["patch"]))}):
+        try:
+            out[path] = sandbox.read_file(f"{WORKSPACE}/{path}").decode("utf-8", errors="replace")
+        except SandboxError:
+            continue
+    return out
 
 
 @dataclasses.dataclass
@@ -113,7 +137,9 @@ def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[li
     bar = progress(total=len(tasks), desc="swe demos", unit="demo")
     for i in range(0, len(tasks), len(pool.boxes)):
         chunk = list(tasks[i:i + len(pool.boxes)])
-        policy = ScriptedPolicy({t.prompt: demo_script(t) for t in chunk}, tok)
+        texts = pool.map(lambda j, t: gold_files(pool.ready(j, family.reset_step(t), task_image(family, t), task=t),
+                                                 t), range(len(chunk)), chunk)
+        policy = ScriptedPolicy({t.prompt: demo_script(t, f) for t, f in zip(chunk, texts)}, tok)
         trajs, _, infos = rollout_batch(family, chunk, policy, pool, c, tok)
         for t, tr, info in zip(chunk, trajs, infos):
             report.tried += 1

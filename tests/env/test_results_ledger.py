@@ -186,3 +186,18 @@ def test_results_script_check(tmp_path, capsys):
 def test_committed_results_are_current(capsys):
     """docs/RESULTS.md is what experiments/results.py builds from the committed ledgers and notes."""
     assert load_script().main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_summary_examples_pair_the_same_episode_before_and_after_rl():
+    from horizon.studies.results_md import summary_examples
+
+    rows = [row(task=t, phase=ph, needed_seen=4, needed_kept=k, last_summary=f"{ph} memory of {t}",
+                final_answer="#A", expected="#A #B")
+            for t, ph, k in (("t1", "sft", 1), ("t1", "rl", 4), ("t2", "sft", 2), ("t2", "rl", 2),
+                             ("t3", "sft", 3), ("t3", "rl", 1), ("t4", "sft", 0))]       # t4: no post-RL row
+    text = summary_examples(rows, n=2)
+    assert "the 2 episodes of 3 whose needed facts kept changed most" in text
+    assert text.index("task `t1`") < text.index("task `t3`") and "task `t2`" not in text    # |+3| then |-2|
+    assert "| post-SFT | 1/4 |" in text and "| post-RL | 4/4 |" in text
+    assert "```text\nsft memory of t1\n```" in text and "```text\nrl memory of t3\n```" in text
+    assert summary_examples([r for r in rows if r["phase"] == "sft"]) is None

@@ -270,3 +270,17 @@ def test_placement_and_engine_specs_parse_or_fail_in_one_line():
     assert pools.docker_host_for("", "10.0.0.6") is None
     with pytest.raises(ValueError, match="expected 'IP=URL"):
         pools.docker_host_for("10.0.0.5=nohost", "10.0.0.5")
+
+
+def test_trainer_step_record_splits_the_groups_sandbox_time():
+    """The async trainer's step record carries the sync loop's sandbox split, summed over its groups."""
+    from horizon.rl.runtime.processes import _step_record
+
+    def rec(slot, tool_s):
+        info = dict(reward=1.0, sandbox_prepare_s=0.5, sandbox_reset_s=0.0, sandbox_tool_s=tool_s,
+                    sandbox_verify_s=0.25, sandbox_actions=3)
+        return storage.GroupRecord(slot, f"p{slot}", [], [1.0], [0.0], 0, 0, 0, 4, "w0", 1.0, infos=[info, info])
+    r = _step_record(0, [0, 1], [rec(0, 1.0), rec(1, 2.0)], dict(reward_mean=1.0, loss=0.0), [], wait_s=0.0,
+                     train_s=0.0)
+    assert r["sandbox/tool_s"] == 6.0 and r["sandbox/prepare_s"] == 2.0 and r["sandbox/actions"] == 12
+    assert r["sandbox_s"] == 2.0 + 0.0 + 6.0 + 1.0

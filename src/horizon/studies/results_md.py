@@ -4,8 +4,9 @@ file can be checked against its sources (``python experiments/results.py --check
 
 Per study and compaction trigger: one table line per strategy x phase (`horizon.studies.gains.phase_row`),
 the paired RL gain (post-RL - post-SFT) and, where oracle rows exist, the paired headroom
-(oracle summaries - post-SFT) per strategy (`horizon.studies.gains.paired_gain`), then the study's
-provenance (commits, start times, wall time, commands) and its free-text notes.
+(oracle summaries - post-SFT) per strategy (`horizon.studies.gains.paired_gain`), example summaries
+of the same episodes before and after RL (`summary_examples`), then the study's provenance (commits,
+start times, wall time, commands) and its free-text notes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ GAINS = (("RL gain (post-RL − post-SFT), paired", "rl", "sft"),
          ("headroom (oracle − post-SFT), paired", "oracle", "sft"))
 GAIN_METRICS = (("success", "success diff"), ("needed_carry", "needed-carry diff"),
                 ("distractor_carry", "distractor-carry diff"))
+SUMMARY_EXAMPLE_STRATEGIES = ("self_summary", "prompt_compaction", "summarizing_condenser")
+EXAMPLES = 3             # example episodes per study and trigger
 
 
 def num(v) -> str:
@@ -106,6 +109,36 @@ def gain_table(rows: Sequence[dict], phase_a: str, phase_b: str, *, samples: int
     return markdown_table(lines, list(lines[0]), headers)
 
 
+def summary_examples(rows: Sequence[dict], n: int = EXAMPLES) -> str | None:
+    """What RL changed inside the summaries, episode by episode: for the first strategy (in
+    `SUMMARY_EXAMPLE_STRATEGIES` order) with post-SFT and post-RL rows of the same seed, task and pass
+    that both hold a last summary, the `n` such episodes whose needed facts kept changed most (ties:
+    seed, task, pass): facts kept, the answer and both last summaries. None without such pairs."""
+    def key(r):
+        return r["seed"], r["task_id"], r["pass_index"]
+    for strategy in SUMMARY_EXAMPLE_STRATEGIES:
+        sft = {key(r): r for r in rows if r["strategy"] == strategy and r["phase"] == "sft" and r.get("last_summary")}
+        rl = {key(r): r for r in rows if r["strategy"] == strategy and r["phase"] == "rl" and r.get("last_summary")}
+        both = sorted(set(sft) & set(rl), key=lambda k: (-abs(rl[k]["needed_kept"] - sft[k]["needed_kept"]), k))
+        if not both:
+            continue
+        out = [f"**What RL changed inside the summaries ({strategy}: the {min(n, len(both))} episodes of "
+               f"{len(both)} whose needed facts kept changed most)**\n"]
+        for k in both[:n]:
+            a, b = sft[k], rl[k]
+            out.append(f"Seed {k[0]}, task `{k[1]}`, pass {k[2]} (expected answer `{a.get('expected', '?')}`):\n")
+            out.append(markdown_table([dict(phase=PHASE_LABELS[ph], needed=f"{r['needed_kept']}/{r['needed_seen']}",
+                                            distractors=f"{r['distractors_kept']}/{r['distractors_seen']}",
+                                            solved=str(r["solved"]), answer=f"`{r.get('final_answer', '')}`")
+                                       for ph, r in (("sft", a), ("rl", b))],
+                                      ["phase", "needed", "distractors", "solved", "answer"],
+                                      ["phase", "needed kept / seen", "distractors kept / seen", "solved", "answer"]))
+            for ph, r in (("sft", a), ("rl", b)):
+                out.append(f"{PHASE_LABELS[ph]} last summary:\n\n```text\n{r['last_summary'].strip()}\n```\n")
+        return "\n".join(out)
+    return None
+
+
 def provenance_line(rows: Sequence[dict]) -> str:
     """The study's commits (10 hex digits, "dirty" where the checkout was), the range of run start
     times, the wall time summed over distinct arms (an arm: one seed, strategy and trigger of one run,
@@ -145,6 +178,9 @@ def study_section(study: str, rows: Sequence[dict], notes: str | None, *, sample
             table = gain_table(sub, a, b, **kw)
             if table is not None:
                 out += [f"**{title}**\n", table]
+        examples = summary_examples(sub)
+        if examples is not None:
+            out.append(examples)
     if rows:
         out.append(provenance_line(rows))
     if notes and notes.strip():

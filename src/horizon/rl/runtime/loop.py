@@ -425,13 +425,14 @@ def _step_metrics(c, step: int, groups, b, run: dict, *, rollout_s: float, gen_s
                 gen_tokens_per_s=gen / max(rollout_s, 1e-9),
                 success=float(np.mean([i.get("verifier", i.get("reward", 0.0)) for i in infos])),
                 malformed=float(np.mean([i.get("malformed_calls", 0) > 0 for i in infos])),
-                summaries=float(np.mean([i.get("summaries", 0) for i in infos])), **_sandbox_use(infos), **run,
+                summaries=float(np.mean([i.get("summaries", 0) for i in infos])), **sandbox_use(infos), **run,
                 **{f"batch/{k}": v for k, v in rlbatch.batch_stats(b).items()})
 
 
-def _sandbox_use(infos) -> dict:
+def sandbox_use(infos) -> dict:
     """A step's sandbox time summed over its episodes (`sandbox_s`, split by phase as
-    `sandbox/<phase>_s`) and its sandbox actions (`horizon.env.rollouts.SANDBOX_USE_KEYS`)."""
+    `sandbox/<phase>_s`) and its sandbox actions (`horizon.env.rollouts.SANDBOX_USE_KEYS`): the sync
+    loop's step records and the async trainer's (`processes.trainer_main`)."""
     tot = {k: float(sum(i.get(f"sandbox_{k}", 0) for i in infos)) for k in SANDBOX_USE_KEYS}
     return {"sandbox_s": sum(v for k, v in tot.items() if k.endswith("_s")), "sandbox/actions": int(tot["actions"]),
             **{f"sandbox/{k}": v for k, v in tot.items() if k.endswith("_s")}}

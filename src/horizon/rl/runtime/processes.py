@@ -27,7 +27,7 @@ from horizon.model.params import numpy_init
 from horizon.rl.runtime import core as runtime
 from horizon.rl.runtime import distributed, remote, storage, weight_sync, workers
 from horizon.rl.runtime.async_setup import append_jsonl, child_env, data_root, initial_params, make_publisher, setup_jax
-from horizon.rl.runtime.loop import run_rl
+from horizon.rl.runtime.loop import run_rl, sandbox_use
 from horizon.rl.runtime.pools import docker_host_for
 from horizon.utils.tracking import MetricsWriter
 
@@ -94,13 +94,14 @@ def trainer_main(cfg, run_dir: str, num_steps: int, dist: tuple[str, int, int] |
 
 def _step_record(step: int, slots, recs, m: dict, stats: list, *, wait_s: float, train_s: float) -> dict:
     """trainer.jsonl's record of step `step` (trained on `slots`' groups `recs`, metrics `m`;
-    `stats`: the publisher's)."""
+    `stats`: the publisher's), with the groups' sandbox time split as the sync loop's (`sandbox_use`)."""
     return dict(event="step", phase="trainer", step=step + 1, slots=list(slots), pid=os.getpid(), time=time.time(),
                 wait_s=wait_s, train_s=train_s, reward_mean=m["reward_mean"],
                 staleness=token_staleness(recs, step), group_min_versions=[r.min_version for r in recs],
                 generated_tokens=int(sum(r.generated_tokens for r in recs)),
                 publish=[dict(version=s.version, kind=s.kind, ratio=s.ratio, bytes=s.file_bytes,
                               seconds=s.seconds) for s in stats[-2:]],
+                **sandbox_use([i for r in recs for i in r.infos]),
                 **{k: m[k] for k in m if k in ("loss", "grad_norm", "entropy", "sampler_logprob_diff")
                    or k.startswith(("pack/", "infra/"))})
 

@@ -128,3 +128,11 @@ def test_an_edit_widens_its_context_until_it_is_unique_in_the_file():
     script = demo_script(_task(_diff(text, after, "m.py")), {"m.py": text})
     edit = next(parse_action(x).args for _, x in script if "edit_file" in x)
     assert text.count(edit["old_str"]) == 1 and text.replace(edit["old_str"], edit["new_str"]) == after
+
+
+def test_chunks_never_hold_two_tasks_with_one_prompt():
+    from horizon.env.swe_demos import prompt_chunks
+
+    tasks = [Task(id=f"t{i}", prompt=p, files={}, test_cmd="true") for i, p in enumerate("aabac")]
+    chunks = prompt_chunks(tasks, 2)
+    assert [[t.id for t in ch] for ch in chunks] == [["t0", "t2"], ["t1", "t4"], ["t3"]]   # first chunk with room

@@ -129,14 +129,25 @@ class DemoReport:
                 f"kind {dict(sorted(self.kinds_kept.items()))} of {dict(sorted(self.kinds_tried.items()))}{dropped}")
 
 
+def prompt_chunks(tasks, n: int) -> list[list[Task]]:
+    """`tasks` in order, in chunks of at most `n` whose prompts differ (`ScriptedPolicy` finds a
+    script by its task's prompt, and two instances can fail the same tests alike)."""
+    chunks: list[list[Task]] = []
+    for t in tasks:
+        home = next((ch for ch in chunks if len(ch) < n and all(x.prompt != t.prompt for x in ch)), None)
+        if home is None:
+            chunks.append(home := [])
+        home.append(t)
+    return chunks
+
+
 def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[list, DemoReport]:
     """(SFT rows (tokens, loss_mask), report) of `demo_script` run on `tasks` in `pool`'s boxes
     through `rollout_batch` (module docstring), `len(pool.boxes)` episodes at a time."""
     report = DemoReport()
     rows = []
     bar = progress(total=len(tasks), desc="swe demos", unit="demo")
-    for i in range(0, len(tasks), len(pool.boxes)):
-        chunk = list(tasks[i:i + len(pool.boxes)])
+    for chunk in prompt_chunks(tasks, len(pool.boxes)):
         texts = pool.map(lambda j, t: gold_files(pool.ready(j, family.reset_step(t), task_image(family, t), task=t),
                                                  t), range(len(chunk)), chunk)
         policy = ScriptedPolicy({t.prompt: demo_script(t, f) for t, f in zip(chunk, texts)}, tok)

@@ -78,7 +78,8 @@ def test_diagnosis_reads_edits_and_names_the_failure_mode():
     assert DIFF_CMD.startswith("git diff -U0")
     out = ("diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -5 +5 @@\n-a\n+b\n"
            "@@ -20,0 +21,2 @@\n+c\n+d\ndiff --git a/tests/test_m.py b/tests/test_m.py\n@@ -1 +1 @@\n-x\n+y\n"
-           f"{UNTRACKED}\npkg/new.py\npkg/__pycache__/m.cpython-311.pyc\n")
+           f"{UNTRACKED}\npkg/new.py\npkg/__pycache__/m.cpython-311.pyc\n.pytest_cache/v/cache/nodeids\n"
+           "pkg.egg-info/PKG-INFO\n")
     edits = parse_edits(out, protected=["tests/test_m.py"])
     assert edits == {"pkg/m.py": [(5, 5), (20, 20)], "pkg/new.py": []}      # tests and caches left out
     ok, f2p, p2p = (VerifyResult(1.0, 3, 3, ""), VerifyResult(0.0, 1, 3, "", details=dict(f2p_failed=2, p2p_failed=0)),

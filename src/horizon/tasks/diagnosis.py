@@ -36,7 +36,8 @@ def bug_kind(task: Task) -> str:
 
 def parse_edits(output: str, protected=()) -> dict[str, list[tuple[int, int]]]:
     """`DIFF_CMD`'s output -> {changed file: [(first, last) line changed before the edit]}; a new file
-    has no ranges. Files in `protected` (the tests) and caches are left out."""
+    has no ranges. Files in `protected` (the tests) and what tools leave behind (`_generated`) are
+    left out."""
     diff, _, untracked = output.partition(UNTRACKED)
     out: dict[str, list[tuple[int, int]]] = {}
     path = None
@@ -49,8 +50,14 @@ def parse_edits(output: str, protected=()) -> dict[str, list[tuple[int, int]]]:
             out[path].append((a, a + max(n, 1) - 1))
     for p in untracked.split():
         out.setdefault(p, [])
-    return {p: r for p, r in out.items() if p not in set(protected) and "__pycache__" not in p
-            and not p.endswith(".pyc")}
+    return {p: r for p, r in out.items() if p not in set(protected) and not _generated(p)}
+
+
+def _generated(path: str) -> bool:
+    """A file tools leave behind, not an edit: caches, hidden tool directories, build metadata."""
+    parts = path.split("/")
+    return (path.endswith(".pyc") or any(x == "__pycache__" or x.startswith(".") or x.endswith(".egg-info")
+                                         for x in parts))
 
 
 def failure_mode(v: VerifyResult, end_reason: str, edits: dict, gold_files) -> str:

@@ -95,7 +95,7 @@ def main(argv=None):
     env = workers.family_env(c)
     print(f"{len(env.pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
     try:
-        params = loop.warm_start(c, family, tok, out, log, keys["init"])
+        params = loop.warm_start(c, family, tok, out, log, keys["init"], pool=env.pool)
         if c.exp.get("stop_after_sft", False):            # a pipeline's first command (docs/REAL_REPOS.md)
             log.close()
             print(f"SFT done in {time.time() - t_start:.0f}s: {out / 'sft'} (exp.stop_after_sft)", flush=True)

@@ -22,9 +22,9 @@ from collections import Counter
 from horizon.agent.scripted import ScriptedPolicy
 from horizon.env.families import Family
 from horizon.env.rollouts import SandboxPool, rollout_batch, task_image
-from horizon.sandbox.base import SandboxError
+from horizon.sandbox.base import WORKSPACE, SandboxError
 from horizon.tasks.diagnosis import bug_kind
-from horizon.tasks.swebench import Hunk, patch_hunks
+from horizon.tasks.swebench import Hunk, patch_files, patch_hunks
 from horizon.tasks.task import Task
 from horizon.tools.format import render_call, render_final
 from horizon.utils.progress import progress
@@ -33,7 +33,6 @@ MAX_TESTS = 4            # failing tests the demonstrator runs (the problem stat
 READ_MARGIN = 6          # lines shown before and after a hunk when the file is opened
 TAIL_LINES = 25          # the end of pytest's output: the short summary and the last traceback
 EDIT_CONTEXT = 1         # unchanged lines kept on each side of an edit's changed lines
-WORKSPACE = "/workspace"
 
 
 def pytest_run(tests) -> str:
@@ -83,10 +82,9 @@ def demo_script(task: Task, files: dict[str, str] | None = None, *, max_tests: i
         turns.append((f"Fix the code at {h.path}:{h.new_start}.",
                       render_call("edit_file", {"command": "str_replace", "path": path, "old_str": old_str,
                                                 "new_str": new_str})))
-    files = sorted({h.path for h in hunks})
     turns.append(("Run the tests again to check the fix.", run))
     turns.append(("The failing tests pass now.",
-                  render_final(f"Fixed {', '.join(files)}: the failing tests pass.")))
+                  render_final(f"Fixed {', '.join(sorted({h.path for h in hunks}))}: the failing tests pass.")))
     return turns
 
 
@@ -94,7 +92,7 @@ def gold_files(sandbox, task: Task) -> dict[str, str]:
     """The gold patch's files as the instance's sandbox has them (a file that cannot be read is left
     out: its edits keep the short context)."""
     out = {}
-    for path in sorted({h.path for h in patch_hunks(str(task.metadata["patch"]))}):
+    for path in patch_files(str(task.metadata["patch"])):
         try:
             out[path] = sandbox.read_file(f"{WORKSPACE}/{path}").decode("utf-8", errors="replace")
         except SandboxError:

@@ -154,7 +154,7 @@ def hold_out_unseen(instances: list, fraction: float) -> tuple[list, list]:
     for items in by_repo.values():
         k = min(len(items) - 1, max(1 if fraction > 0 else 0, round(fraction * len(items))))
         ranked = sorted(items, key=lambda i: hashlib.sha256(i.instance_id.encode()).hexdigest())
-        unseen.update(i.instance_id for i in ranked[:max(0, k)])
+        unseen.update(i.instance_id for i in ranked[:k])
     return [i for i in instances if i.instance_id not in unseen], [i for i in instances if i.instance_id in unseen]
 
 

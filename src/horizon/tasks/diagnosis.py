@@ -50,7 +50,8 @@ def parse_edits(output: str, protected=()) -> dict[str, list[tuple[int, int]]]:
             out[path].append((a, a + max(n, 1) - 1))
     for p in untracked.split():
         out.setdefault(p, [])
-    return {p: r for p, r in out.items() if p not in set(protected) and not _generated(p)}
+    keep_out = set(protected)
+    return {p: r for p, r in out.items() if p not in keep_out and not _generated(p)}
 
 
 def _generated(path: str) -> bool:

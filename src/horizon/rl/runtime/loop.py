@@ -220,29 +220,33 @@ def initial_params(c, key):
     return transformer.init(key, c.model)
 
 
-def warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init):
+def warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, pool: SandboxPool | None = None):
     """experiments/rl.py's starting params: the SFT warm start (`config_edit_warm_start`; for the
-    ``swebench`` family `swebench_warm_start`), or for a task set with ``exp.n_sft_tasks = 0`` (no
-    demonstrations) the initial params (`initial_params`: `model.init_from` or a fresh init)."""
+    ``swebench`` family `swebench_warm_start`, in `pool` if given), or for a task set with
+    ``exp.n_sft_tasks = 0`` (no demonstrations) the initial params (`initial_params`:
+    `model.init_from` or a fresh init)."""
     if family.name == "swebench":
         if int(c.exp.n_sft_tasks) == 0:
             return initial_params(c, key_init)
-        return swebench_warm_start(c, family, tok, out, log, key_init)
+        return swebench_warm_start(c, family, tok, out, log, key_init, pool=pool)
     return config_edit_warm_start(c, family, tok, out, log, key_init)
 
 
-def swebench_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft"):
+def swebench_warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, name: str = "sft",
+                        pool: SandboxPool | None = None):
     """SFT into out/<name> from `initial_params` on gold-patch demonstrations
     (`horizon.env.swe_demos`) of the first `exp.n_sft_tasks` distinct train instances, each run in its
     own image and kept only where the verifier gives it 1 (docs/REAL_REPOS.md). One stage: every
-    demonstration is correct."""
+    demonstration is correct. `pool`: the run's sandboxes, borrowed (None: a pool of its own, closed
+    after the demonstrations)."""
     def demos():
         tasks = list({t.id: t for t in family.tasks("train", int(c.exp.n_sft_tasks))}.values())
-        pool = SandboxPool.from_config(c)
+        boxes = pool or SandboxPool.from_config(c)
         try:
-            rows, report = swe_demos.swebench_demos(family, tasks, pool, c, tok)
+            rows, report = swe_demos.swebench_demos(family, tasks, boxes, c, tok)
         finally:
-            pool.close()
+            if boxes is not pool:
+                boxes.close()
         say(f"[demos] {report.line()}")
         log(dict(phase="demos", **report.record()))
         if not rows:

@@ -2,7 +2,7 @@
 
     python benchmarks/selfsum_scope.py --config=configs/selfsum_tiny.py --config.exp.seeds='(0, 1, 2)'
 
-Per seed of `exp.seeds`: stage 1 of the study's SFT only (`loop.run_sft` on the same equal-share
+Per seed of `exp.seeds`: stage 1 of the study's SFT only (`warmstart.run_sft` on the same equal-share
 correct demos of every strategy, `selfsum.warm_start_demos(...)(True)`, the stage-1 row shape,
 lr and `exp.sft.remat`), with `selfsum.key_copy_check` on `exp.sft.probe_tasks` held-out chains
 every `exp.sft.probe_every` steps. Prints one line per probe and, per seed, the first probed step
@@ -19,7 +19,7 @@ import time
 
 from horizon.agent.summarize import SUMMARIZING
 from horizon.model import transformer
-from horizon.rl.runtime import loop
+from horizon.rl.runtime import loop, warmstart
 from horizon.studies import selfsum as ss
 from horizon.utils import cli, progress, provenance
 from horizon.utils.seeds import run_keys
@@ -46,7 +46,7 @@ def scope_seed(c, family, tok, log) -> dict:
         return chk
 
     t0 = time.time()
-    loop.clean_sft(transformer.init(run_keys(c.seed)["init"], c.model),
+    warmstart.clean_sft(transformer.init(run_keys(c.seed)["init"], c.model),
                    lambda: ss.warm_start_demos(family, c, tok)(True), c, out, log, name="sft_clean", probe=probed)
     wall = time.time() - t0
     every = int(s.probe_every)

@@ -40,6 +40,10 @@ def eval_section(exp: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     e.top_p = 1.0
     e.output_dir = "runs/eval_tiny"  # records.jsonl, per_task.jsonl, summary.jsonl, results.md, best_of_k.png
     e.warmup = True                  # one untimed generation first, so latency_s excludes XLA compiles
+    e.ledger = ""                    # a study ledger docs/results/<study>.jsonl (from the repository root) that
+    #                                  the SWE-bench episodes of checkpoints named "sft" / "rl" are appended to, one
+    #                                  row each with provenance (horizon.studies.swe_results); "" = none
+    e.ledger_split = "unseen"        # what those episodes are: "unseen" (train repositories) | "heldout"
     # "NAME=DIR": DIR holds orbax `state` (lm TrainState or rl RLState; `params` is used); an empty
     # DIR = fresh init from c.seed (the untrained baseline); DIR "@gold" / "@empty" (swebench task sets): the
     # gold-patch / empty policy (the sandbox starts patched / as is, the episode ends at once). Order = table order.

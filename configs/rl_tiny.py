@@ -233,7 +233,7 @@ def experiment_config() -> ml_collections.ConfigDict:
     e.plot = True
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)
     e.sft = ml_collections.ConfigDict(dict(
-        clean_steps=1000,             # stage 1 (horizon.rl.runtime.loop.config_edit_warm_start): correct demos, so the
+        clean_steps=1000,             # stage 1 (warmstart.config_edit_warm_start): correct demos, so the
         #                               tiny model learns to copy the value (a sudden drop, loss ~0.02 -> 1e-4, whose
         #                               timing moves with the environment: steps 300-600 in one venv, none by 500 in
         #                               a rebuilt one, 500-650 of 1000 there; docs/PERF.md; at lr 3e-3 no copy by 800)

@@ -71,7 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
     e.demo_backend = "local"          # demos are the env's own `cat`s of generated files (no model output runs;
     #                                   a docker demo backend uses exp.sandbox_image)
     e.demo_sandboxes = 16
-    # --- two-stage warm start (horizon.rl.runtime.loop.two_stage_sft)
+    # --- two-stage warm start (horizon.rl.runtime.warmstart.two_stage_sft)
     e.sft.clean_steps = 1200          # stage 1: correct chains of every strategy, an equal share of trained tokens each
     #                                   (env.selfsum.balance_rows), where the key copy forms. Scoping (benchmarks/
     #                                   selfsum_scope.py, docs/PERF.md): unweighted, 1200 steps formed it in no seed

@@ -25,6 +25,9 @@ def get_config():
     m = c.model
     m.tokenizer, m.vocab_size = bpe.model.tokenizer, bpe.model.vocab_size
     m.max_seq_len = 4096
+    # 16 rotary dims (8 frequencies) instead of tiny's 8: the 4-frequency model did not learn the
+    # call format at these 1.5k-4k-token contexts (docs/REAL_REPOS.md "What the warm start needed")
+    m.qk_rope_head_dim = 16
     c.agent.update(dict(max_turns=12, max_new_tokens=512, max_context_tokens=4000, trigger_tokens=3000,
                         context_strategy="self_summary", summary_max_tokens=256, max_malformed_calls=2))
     c.rl.length_penalty.weights = bpe.rl.length_penalty.weights
@@ -33,9 +36,13 @@ def get_config():
     e.task.train_path = "runs/swe_real/tasks/train.jsonl"
     e.task.heldout_path = "runs/swe_real/tasks/heldout.jsonl"      # the held-out repositories
     e.out_dir = "runs/swe_real"
-    e.n_sft_tasks = 4096              # demonstrations of every distinct train instance (loop.swebench_warm_start)
+    e.n_sft_tasks = 4096              # demonstrations of every distinct train instance (warmstart.swebench_warm_start)
     e.pool_size = 8
-    e.sft.update(dict(clean_steps=0, steps=400, batch_size=4, seq_len=4096, log_every=25))
+    # one stage of 600 steps (~9 epochs of the demonstrations) without recompute (a 4 x 4096-token step
+    # fits without it); the probe decodes the unseen instances' demonstration turns every 200 steps
+    e.sft.update(dict(clean_steps=0, steps=600, batch_size=4, seq_len=4096, log_every=25, remat=False,
+                      probe_every=200, probe_turns=64,
+                      probe_path="runs/swe_real/tasks/unseen.jsonl"))   # the probe's contexts (never trained on)
     e.sft.optim.update(dict(lr=3e-3, warmup_steps=20))
     e.eval.update(dict(n_tasks=16, passes=1))
     return c

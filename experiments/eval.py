@@ -8,6 +8,8 @@
 Compares every entry of `c.eval.checkpoints` ("NAME=DIR"; an empty DIR = untrained init) on the same tasks and
 passes ("NAME=@gold" / "NAME=@empty": the gold-patch and empty policies of a SWE-bench task set,
 `eval.setup.patch_policy`); the tables report success per repository too (SWE-bench tasks; other tasks by kind).
+With `eval.ledger` the SWE-bench episodes of the checkpoints named sft / rl are also appended to that study
+ledger (docs/results/<study>.jsonl, `horizon.studies.swe_results`; docs/RESULTS.md is rebuilt from it).
 Writes to `c.eval.output_dir`: records.jsonl (one line per episode), per_task.jsonl, summary.jsonl (one line per
 policy, with provenance), results.md (the tables), best_of_k.png (pass@K vs K, mean dashed), TensorBoard events.
 """
@@ -33,7 +35,7 @@ from horizon.eval import (
     summarize,
     write_jsonl,
 )
-from horizon.eval.report import diagnosis_md, diagnosis_rows, repo_rows
+from horizon.eval.report import best_of_k_plot, diagnosis_md, diagnosis_rows, repo_rows
 from horizon.eval.setup import (
     build_tasks,
     checkpoint_list,
@@ -45,6 +47,7 @@ from horizon.eval.setup import (
 )
 from horizon.model import hf
 from horizon.model.params import count_params
+from horizon.studies.swe_results import record_eval, validate_ledger_config
 from horizon.utils import cli
 from horizon.utils.config import dump_config
 from horizon.utils.provenance import Provenance
@@ -60,22 +63,9 @@ REPO_COLS = ("policy", "repo", "tasks", "accuracy", "best_of_1")
 
 def load_config(argv=None):
     """The validated config of `argv` (exit 2 with one line on bad input)."""
-    return cli.load(argv, default="configs/eval_tiny.py", validate=validate_eval_config, doc=__doc__,
-                    prog="experiments/eval.py", derive=hf.apply_init_from)
-
-
-def best_of_k_plot(overall: list[dict], path: pathlib.Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for o in overall:
-        ks = list(range(1, int(o["n"]) + 1))
-        line, = ax.plot(ks, [o[f"best_of_{k}"] for k in ks], marker="o", label=f"{o['policy']} best-of-K")
-        ax.axhline(o["accuracy"], ls="--", color=line.get_color(), alpha=0.7, label=f"{o['policy']} mean")
-    ax.set_xlabel("K (passes)"), ax.set_ylabel("accuracy"), ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3), ax.legend(fontsize=8), ax.set_title("mean vs best-of-K (unbiased pass@K)")
-    fig.tight_layout(), fig.savefig(path, dpi=100), plt.close(fig)
+    return cli.load(argv, default="configs/eval_tiny.py", doc=__doc__, prog="experiments/eval.py",
+                    validate=lambda c: (validate_ledger_config(c.eval), validate_eval_config(c)),
+                    derive=hf.apply_init_from)
 
 
 def main(argv=None):
@@ -109,6 +99,8 @@ def main(argv=None):
         recs = run_eval(pol, tasks, setup_i, policy_name=name, log=lambda s: print(s, flush=True))
         rows, o = summarize(recs)
         o.update(checkpoint=path or "(init)", checkpoint_step=meta.get("step"), eval_wall_s=time.time() - t0)
+        o["ledger_rows"] = record_eval(c, name, recs, tasks, prov.fields(), command=" ".join(sys.argv),
+                                       checkpoint=path)
         records += recs
         per_task += rows
         overall.append(o)

@@ -14,7 +14,7 @@ arguments are copied from the prompt; a fast `python3 -B -c` check is the verifi
 tasks are unseen seeds of the same family; the env has its own short system prompt (`synthetic.SYSTEM_PROMPT`).
 
 Pipeline. 1. SFT: scripted solutions rendered in the exact agent prompt format (`horizon.agent.prompt.render`), loss on
-   assistant tokens only (`horizon.train.lm.train_step`). Two stages (`loop.config_edit_warm_start`):
+   assistant tokens only (`horizon.train.lm.train_step`). Two stages (`warmstart.config_edit_warm_start`):
    `exp.sft.clean_steps` on correct demos (the tiny model learns to copy the value), then `exp.sft.steps` where a
    fraction `exp.sft.corrupt_prob` of demos carries the demonstrator's off-by-one value, so the SFT policy emits
    well-formed calls but mixes right and wrong values: RL has headroom. After SFT a sandbox-free check (`sft_check`:
@@ -48,7 +48,7 @@ from horizon.agent.prompt import Message, render, task_text
 from horizon.eval.report import rl_curve_plot
 from horizon.inference import sampler
 from horizon.model import hf
-from horizon.rl.runtime import checks, loop, remote, workers
+from horizon.rl.runtime import checks, loop, remote, warmstart, workers
 from horizon.rl.runtime import memory as rlmemory
 from horizon.tools.format import tool_format
 from horizon.utils import cli
@@ -95,7 +95,7 @@ def main(argv=None):
     env = workers.family_env(c)
     print(f"{len(env.pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
     try:
-        params = loop.warm_start(c, family, tok, out, log, keys["init"], pool=env.pool)
+        params = warmstart.warm_start(c, family, tok, out, log, keys["init"], pool=env.pool)
         if c.exp.get("stop_after_sft", False):            # a pipeline's first command (docs/REAL_REPOS.md)
             log.close()
             print(f"SFT done in {time.time() - t_start:.0f}s: {out / 'sft'} (exp.stop_after_sft)", flush=True)

@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from horizon.eval.report import plot_jsonl, reward_at, smooth, time_to_reach, write_jsonl
-from horizon.rl.runtime import checks, loop, orchestrator, processes
+from horizon.rl.runtime import checks, orchestrator, processes, warmstart
 from horizon.utils import cli
 from horizon.utils.provenance import Provenance
 
@@ -56,7 +56,7 @@ def main(argv=None):
     prov = Provenance.start(c)
     w = int(c.async_.smooth)
     if str(c.async_.env) == "experiment" and str(c.async_.init_from):
-        loop.ensure_sft_checkpoint(c, c.async_.init_from)
+        warmstart.ensure_sft_checkpoint(c, c.async_.init_from)
     steps = int(c.exp.steps)
     out = pathlib.Path(c.async_.run_dir)
     if out.exists():

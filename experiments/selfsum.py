@@ -13,7 +13,7 @@ self-summary, prompt compaction, an OpenHands-style summarizing condenser, obser
 sliding window.
 
 Per seed of `exp.seeds` (out_dir/seed<k>/):
-1. One shared SFT (`loop.two_stage_sft`, assistant tokens only) on `KeyRecallDemoPolicy` chains of
+1. One shared SFT (`warmstart.two_stage_sft`, assistant tokens only) on `KeyRecallDemoPolicy` chains of
    every strategy, each with an equal share of trained tokens (`selfsum.balance_rows`): stage 1 its
    own correct chains (a compaction summary carries the key in its facts section, the condenser in
    its state section, masking in a note in the model's own turn), stage 2 the same share of lossy
@@ -44,7 +44,7 @@ from horizon.env.rollouts import SandboxPool
 from horizon.inference import policy as engine_policy
 from horizon.inference import sampler
 from horizon.model import transformer
-from horizon.rl.runtime import loop, workers
+from horizon.rl.runtime import loop, warmstart, workers
 from horizon.rl.runtime import memory as rlmemory
 from horizon.studies import selfsum as ss
 from horizon.studies import selfsum_runs as runs
@@ -72,7 +72,7 @@ def run_seed(c, stamp: dict) -> dict:
     eval where `exp.oracle`, RL with its step-0 and final evals, and the arm's ledger rows (module docstring)."""
     out, tok, log, family = loop.start_run(c)
     t0 = time.time()
-    params = loop.two_stage_sft(transformer.init(run_keys(c.seed)["init"], c.model),
+    params = warmstart.two_stage_sft(transformer.init(run_keys(c.seed)["init"], c.model),
                                 ss.warm_start_demos(family, c, tok), c, out, log, probe=ss.copy_probe(family, c, tok))
     t_sft = time.time() - t0
     chk = ss.key_copy_check(params, family, c, tok)

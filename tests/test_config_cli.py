@@ -161,6 +161,8 @@ def _containers():
     ("selfsum", ["--config.exp.steps=1"], r"rl\.optim\.warmup_steps=2: must be < exp\.steps=1"),
     ("eval", ["--config.eval.checkpoints=('rl=/no/such/dir',)"], r"eval\.checkpoints\[rl\]='/no/such/dir'"),
     ("eval", ["--config.eval.checkpoints=('oops',)"], r"must be 'NAME=DIR'"),
+    ("eval", ["--config.eval.ledger=runs/x.jsonl"], r"eval\.ledger='runs/x\.jsonl': must be a docs/results/"),
+    ("eval", ["--config.eval.ledger=docs/results/x.jsonl"], r"eval\.ledger=.*takes SWE-bench episodes"),
     ("rl_async", ["--config=configs/rl_async.py", "--config.async_.compare=('sync', 'x')"], r"async_\.compare"),
     ("rl_async", ["--config=configs/rl_async.py", "--config.rl.slots_per_batch=3"],
      r"rl\.slots_per_batch=3: must divide rl\.prompts_per_step=2"),

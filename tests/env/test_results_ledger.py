@@ -9,7 +9,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from horizon.studies import gains, ledger, results_md
+from horizon.studies import gains, ledger, results_md, swe_results
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROV = dict(git_commit="0123456789abcdef0123", git_dirty=False, started_at="2026-01-02T03:04:05+00:00", host="h")
@@ -201,3 +201,47 @@ def test_summary_examples_pair_the_same_episode_before_and_after_rl():
     assert "| post-SFT | 1/4 |" in text and "| post-RL | 4/4 |" in text
     assert "```text\nsft memory of t1\n```" in text and "```text\nrl memory of t3\n```" in text
     assert summary_examples([r for r in rows if r["phase"] == "sft"]) is None
+
+
+def swe_record(task="parse__x-1", pass_index=0, solved=False, turns=6, tool_calls=5, malformed=0, mode="wrong_edit",
+               **kw):
+    """One `harness.run_eval` record of a SWE-bench episode with its diagnosis fields."""
+    return dict(dict(task_id=task, pass_index=pass_index, solved=solved, turns=turns, tool_calls=tool_calls,
+                     malformed_calls=malformed, summaries=0, swe_kind="off_by_one", swe_mode=mode, swe_right_file=True,
+                     swe_right_hunk=False, end_reason="final"), **kw)
+
+
+def test_swe_rows_validate_and_count_calls_within_turns(tmp_path):
+    recs = [swe_record(), swe_record(task="cachetools__y-2", solved=True, mode="solved", summaries=2),
+            swe_record(pass_index=1, turns=4, tool_calls=2, malformed=2, mode="malformed")]
+    rows = swe_results.eval_rows(recs, study="swe_real", seed=0, phase="sft", split="unseen",
+                                 repo_of=lambda t: t.split("__")[0], provenance=PROV, command="x")
+    path = tmp_path / "swe_real.jsonl"
+    assert ledger.append_rows(path, rows) == 3
+    back = ledger.read_rows(path)
+    assert [(r["repo"], r["failure_mode"], r["schema"]) for r in back] == [
+        ("parse", "wrong_edit", "swe"), ("cachetools", "solved", "swe"), ("parse", "malformed", "swe")]
+    for bad, field in ((dict(rows[0], malformed_calls=3), "tool_calls"), (dict(rows[0], phase="oracle"), "phase"),
+                       (dict(rows[0], schema="other"), "schema"), (dict(rows[0], right_file=1), "right_file")):
+        with pytest.raises(ValueError, match=field):
+            ledger.validate_row(bad)
+    ledger.append_rows(path, [dict(rows[0], solved=True, failure_mode="solved")])    # a rerun replaces the episode
+    assert [r["solved"] for r in ledger.read_rows(path)] == [True, True, False]
+
+
+def test_swe_section_numbers_by_hand():
+    """2 tasks x 2 passes after SFT: success 1/4; turns 6+6+4+4 = 20 of which 2 malformed, so
+    well-formed 18/20 = 0.9; tool calls (5+5+2+2)/4 = 3.5 per episode; one episode summarized twice."""
+    recs = [swe_record(task="a", solved=True, mode="solved", summaries=2), swe_record(task="b"),
+            swe_record(task="a", pass_index=1, turns=4, tool_calls=2, malformed=2, mode="malformed"),
+            swe_record(task="b", pass_index=1, turns=4, tool_calls=2)]
+    rows = swe_results.eval_rows(recs, study="swe_real", seed=0, phase="sft", split="unseen", repo_of=lambda t: "r",
+                                 provenance=PROV)
+    line = swe_results.phase_line(rows, samples=200, level=0.95, seed=0)
+    assert line["success"].startswith("0.250 [") and line["wellformed"].startswith("0.900 [")
+    assert (line["actions"], line["right_file"], line["right_hunk"], line["summarized"]) == ("3.500", "1.000", "0.000",
+                                                                                             "1 (2.000)")
+    md = results_md.render({"swe_real": rows})
+    assert "### unseen instances of the train repositories" in md and "| post-SFT | 4 | 2 | 0 | 0.250 [" in md
+    assert "| post-SFT | 1 | 1 | 0 | 0 | 2 | 0 | 0 |" in md     # solved, malformed, no_edit, wrong_file, wrong_edit
+    assert "| off_by_one | 1/4 |" in md and "held-out repositories" not in md

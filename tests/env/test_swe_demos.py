@@ -3,13 +3,32 @@ hunks and the engineer's script built from them. The Docker smoke (two generated
 kept, one dropped) is `tests/tasks/test_generate_docker.py::test_gold_patch_demos`."""
 
 import difflib
+import pathlib
+import types
+
+import ml_collections
+import numpy as np
 
 from horizon.agent.scripted import ScriptedPolicy
 from horizon.data.tokenizer import ByteTokenizer
-from horizon.env.swe_demos import demo_script, edit_strings, pytest_run
+from horizon.env import swe_demos
+from horizon.env.swe_demos import (
+    SUITE_RUN,
+    DemoReport,
+    agent_turns,
+    demo_key,
+    demo_script,
+    edit_strings,
+    load_rows,
+    prompt_chunks,
+    save_rows,
+    turn_kind,
+)
+from horizon.inference import sampler
 from horizon.tasks.swebench import patch_hunks
 from horizon.tasks.task import Task
-from horizon.tools.format import parse_action
+from horizon.tools.format import parse_action, render_call, render_final, render_summary, tool_format
+from horizon.utils.config import sibling_config
 
 TOK = ByteTokenizer()
 BEFORE = "import os\n\n\ndef f(x):\n    return x + 1\n" + "".join(f"y{i} = {i}\n" for i in range(12)) + \
@@ -56,8 +75,8 @@ def test_a_patch_of_several_hunks_takes_several_edit_calls():
     assert all(e["path"] == "/workspace/pkg/m.py" and e["command"] == "str_replace" for e in edits)
     reads = [a.args for a in acts if a.name == "read_file"]
     assert [int(r["start_line"]) for r in reads] == [1, patch_hunks(patch)[1].new_start - 6]   # text until the registry
-    assert acts[0].args["command"] == pytest_run(["tests/test_m.py::test_f", "tests/test_m.py::test_g[1]"])
-    assert "'tests/test_m.py::test_g[1]'" in pytest_run(["tests/test_m.py::test_g[1]"])   # quoted for bash
+    assert acts[0].args["command"] == acts[-2].args["command"] == SUITE_RUN      # one fixed run, before and after
+    assert SUITE_RUN.startswith("python3 -m pytest -x ") and SUITE_RUN.endswith("exit ${PIPESTATUS[0]}")
 
 
 def test_the_scripted_policy_plays_the_script_with_its_thoughts():
@@ -68,7 +87,7 @@ def test_the_scripted_policy_plays_the_script_with_its_thoughts():
 
     r = render([Message("system", "sys", kind="system"), Message("user", t.prompt, kind="task")], TOK)
     out = TOK.decode([int(x) for x in pol([r.tokens], 4096)[0].tokens])
-    assert out.startswith("<think>[step 0] Run the failing tests to see the error.</think>\n") and "run_shell" in out
+    assert out.startswith("<think>[step 0] Run the tests to see what fails.</think>\n") and "run_shell" in out
 
 
 def test_diagnosis_reads_edits_and_names_the_failure_mode():
@@ -132,8 +151,63 @@ def test_an_edit_widens_its_context_until_it_is_unique_in_the_file():
 
 
 def test_chunks_never_hold_two_tasks_with_one_prompt():
-    from horizon.env.swe_demos import prompt_chunks
-
     tasks = [Task(id=f"t{i}", prompt=p, files={}, test_cmd="true") for i, p in enumerate("aabac")]
     chunks = prompt_chunks(tasks, 2)
     assert [[t.id for t in ch] for ch in chunks] == [["t0", "t2"], ["t1", "t4"], ["t3"]]   # first chunk with room
+
+
+def _cfg():
+    c = sibling_config(str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "x.py"), "swe_real.py")
+    return ml_collections.ConfigDict(c.to_dict())
+
+
+def test_demo_rows_round_trip_under_their_key_and_only_under_it(tmp_path):
+    c, t = _cfg(), _task(_diff(BEFORE, BEFORE.replace("x + 1", "x - 1"), "pkg/m.py"))
+    rows = [(np.arange(5), np.array([0, 0, 1, 1, 0.0])), (np.arange(3) + 7, np.ones(3))]
+    key = demo_key([t], c)
+    save_rows(tmp_path / "d.npz", rows, key, DemoReport(tried=1, kept=1, rows=2))
+    got, rec = load_rows(tmp_path / "d.npz", key)
+    assert [(a.tolist(), m.tolist()) for a, m in got] == [(a.tolist(), m.tolist()) for a, m in rows]
+    assert rec["demos/kept"] == 1 and rec["demos/rows"] == 2
+    assert load_rows(tmp_path / "missing.npz", key) is None
+    c.agent.max_turns += 1                                 # another agent builds other rows: not reused
+    assert demo_key([t], c) != key and load_rows(tmp_path / "d.npz", demo_key([t], c)) is None
+    other = _task(t.metadata["patch"], tests=("tests/test_m.py::test_f",))
+    assert demo_key([other], _cfg()) != key
+
+
+def test_agent_turns_are_the_loss_masked_runs_with_their_contexts():
+    rows = [(np.arange(10), np.array([0, 0, 1, 1, 0, 0, 0, 1, 1, 1])), (np.arange(4) + 20, np.array([1, 0, 0, 0]))]
+    got = [(a.tolist(), b.tolist()) for a, b in agent_turns(rows, 10)]
+    assert got == [([0, 1], [2, 3]), ([0, 1, 2, 3, 4, 5, 6], [7, 8, 9]), ([], [20])]
+    assert len(agent_turns(rows, 2)) == 2
+
+
+def test_turn_kinds():
+    fmt = tool_format("horizon")
+    assert turn_kind(fmt, render_call("read_file", {"path": "/workspace/a.py"})) == "call:read_file"
+    assert turn_kind(fmt, render_final("done")) == "final"
+    assert turn_kind(fmt, render_summary("kept: a, b", thinking="t")) == "summary"
+    assert turn_kind(fmt, "<function=read_file>\n<parameter=path>/workspace/a.py") == "malformed"   # never closed
+
+
+def test_turn_probe_compares_each_decode_with_its_own_turn(monkeypatch):
+    """The probe decodes contexts sorted by length and must score each decode against its own
+    turn: a fake sampler that answers each context with its demonstrated turn scores 1, and one
+    that answers a fixed malformed turn scores 0."""
+    c = _cfg()
+    texts = [render_call("read_file", {"path": f"/workspace/f{i}.py"}) if i % 2 else render_final(f"done {i}")
+             for i in range(5)]
+    ctx = [np.arange(50 - 9 * i) % 200 for i in range(5)]           # longest first: the probe reorders them
+    turns = [(x, np.asarray(TOK.encode(t))) for x, t in zip(ctx, texts)]
+    answer = {len(x): np.asarray(TOK.encode(t)) for x, t in zip(ctx, texts)}
+
+    def fake(params, prompts, key, *, cfg, max_new_tokens, sampling):
+        assert sampling.temperature == 0.0 and max_new_tokens <= int(cfg.model.max_seq_len) - max(map(len, prompts))
+        return types.SimpleNamespace(tokens=[answer[len(p)] for p in prompts])
+    monkeypatch.setattr(sampler, "generate", fake)
+    assert swe_demos.turn_probe(None, turns, c, TOK, batch=2) == dict(turn_wellformed=1.0, turn_same_kind=1.0,
+                                                                      turn_exact=1.0)
+    answer = {k: np.asarray(TOK.encode("<function=read_file>")) for k in answer}
+    assert swe_demos.turn_probe(None, turns, c, TOK, batch=2) == dict(turn_wellformed=0.0, turn_same_kind=0.0,
+                                                                      turn_exact=0.0)

@@ -19,7 +19,7 @@ from horizon.parallel import mesh as pmesh
 from horizon.parallel import packing
 from horizon.rl.algo import batch as rlbatch
 from horizon.rl.runtime import core as runtime
-from horizon.rl.runtime import loop, workers
+from horizon.rl.runtime import warmstart, workers
 from horizon.train.checkpoint import Checkpointer
 from horizon.utils.config import load_config_file
 from tests.parallel.conftest import assert_adam_params_close
@@ -50,7 +50,7 @@ def setup(tmp_path_factory, need8):
     ck = Checkpointer(tmp / "sft", every=1, keep=1)
     ck.save(1, {"params": init}, {"step": 1}, force=True)
     ck.close()
-    params = loop.load_sft_params(c1, tmp / "sft")
+    params = warmstart.load_sft_params(c1, tmp / "sft")
     sched = runtime.PromptSchedule(c1, STEPS, lag=0)
     tok, env, steps = ByteTokenizer(c1.model.vocab_size), workers.ToyEnv(c1), []
     for t in range(STEPS):

@@ -224,3 +224,18 @@ def diagnosis_md(rows: Sequence[dict]) -> str:
         return ""
     modes = [k for k in rows[0] if k.startswith("mode/")]
     return "\n## Where episodes went wrong (per bug kind)\n\n" + markdown_table(list(rows), DIAG_COLS + modes)
+
+
+def best_of_k_plot(overall: Sequence[dict], path: str | pathlib.Path) -> None:
+    """experiments/eval.py's best_of_k.png: each policy's pass@K against K, its mean dashed."""
+    import matplotlib  # noqa: PLC0415  (plotting only where a plot is asked for)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for o in overall:
+        ks = list(range(1, int(o["n"]) + 1))
+        line, = ax.plot(ks, [o[f"best_of_{k}"] for k in ks], marker="o", label=f"{o['policy']} best-of-K")
+        ax.axhline(o["accuracy"], ls="--", color=line.get_color(), alpha=0.7, label=f"{o['policy']} mean")
+    ax.set_xlabel("K (passes)"), ax.set_ylabel("accuracy"), ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3), ax.legend(fontsize=8), ax.set_title("mean vs best-of-K (unbiased pass@K)")
+    fig.tight_layout(), fig.savefig(path, dpi=100), plt.close(fig)

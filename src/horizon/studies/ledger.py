@@ -3,24 +3,35 @@ appended to ``docs/results/<study>.jsonl``, from which docs/RESULTS.md is rebuil
 (experiments/results.py, `horizon.studies.results_md`).
 
 The ledger is append-only so a study can be resumed and extended across sessions (more seeds, a
-rerun of one strategy): a row's identity is `KEY_FIELDS`, and `read_rows` keeps the last row of
-each identity, so a rerun replaces its earlier rows and nothing is counted twice.
+rerun of one strategy): a row's identity is its schema's key fields (`row_key`), and `read_rows`
+keeps the last row of each identity, so a rerun replaces its earlier rows and nothing is counted
+twice.
 
-A row holds, all required (`validate_row`): study, trigger (the compaction trigger in tokens),
+Rows follow one of `SCHEMAS`, named by the row's ``schema`` field (absent: ``selfsum``).
+
+A ``selfsum`` row holds, all required (`validate_row`): study, trigger (the compaction trigger in tokens),
 seed, strategy, phase (`PHASES`: the post-SFT policy, the post-RL policy, and the post-SFT policy
 with the demonstrator's perfect summaries injected), task_id, pass_index, solved, summaries,
 summary_tokens, generated_tokens, compaction_error, needed_seen / needed_kept (needed facts the
 context held before a compaction / those the memory kept after it), distractors_seen /
 distractors_kept (the same for distractor facts), and provenance (`horizon.utils.provenance`).
+
+A ``swe`` row (the real-repository pipeline, docs/REAL_REPOS.md; `horizon.studies.swe_results`)
+holds: schema, study, seed, phase (`SWE_PHASES`: the post-SFT or the post-RL policy), split (unseen
+instances of the train repositories, or the held-out repositories), task_id, repo, bug_kind,
+pass_index, solved, turns, tool_calls, malformed_calls, summaries, failure_mode, right_file,
+right_hunk and provenance.
+
 Extra fields (e.g. ``run_wall_s``, ``command``) are allowed and kept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 import pathlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -52,30 +63,76 @@ def _is(v, kind: str) -> bool:
     return isinstance(v, {"str": str, "dict": dict}[kind])
 
 
-def validate_row(row: dict) -> None:
-    """Raise a one-line ValueError naming the first bad field of `row`: missing, of the wrong type,
-    an unknown phase, a negative count, or more facts kept than seen."""
-    if not isinstance(row, dict):
-        raise ValueError(f"a ledger row must be a dict, got {type(row).__name__}")
-    for k, kind in FIELDS.items():
-        if k not in row:
-            raise ValueError(f"field {k!r} is missing")
-        if not _is(row[k], kind):
-            raise ValueError(f"field {k!r} must be {kind}, got {type(row[k]).__name__} {row[k]!r:.60}")
-    if row["phase"] not in PHASES:
-        raise ValueError(f"field 'phase' must be one of {PHASES}, got {row['phase']!r}")
-    for k in ("trigger", "pass_index", *COUNTS):
-        if row[k] < 0:
-            raise ValueError(f"field {k!r} must be >= 0, got {row[k]}")
+def _kept_within_seen(row: dict) -> None:
     for kind in ("needed", "distractors"):
         if row[f"{kind}_kept"] > row[f"{kind}_seen"]:
             raise ValueError(f"field '{kind}_kept' ({row[f'{kind}_kept']}) exceeds {kind}_seen "
                              f"({row[f'{kind}_seen']})")
 
 
+def _calls_within_turns(row: dict) -> None:
+    if row["malformed_calls"] + row["tool_calls"] > row["turns"]:
+        raise ValueError(f"fields 'tool_calls' + 'malformed_calls' ({row['tool_calls']} + {row['malformed_calls']}) "
+                         f"exceed turns ({row['turns']})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """One kind of ledger row: its required fields and their types, its identity, its phases, the
+    counts that cannot be negative, and a cross-field check."""
+
+    fields: dict[str, str]
+    key_fields: tuple[str, ...]
+    phases: tuple[str, ...]
+    counts: tuple[str, ...]
+    check: Callable[[dict], None] | None = None
+
+
+SWE_PHASES = ("sft", "rl")
+SWE_SPLITS = ("unseen", "heldout")
+SWE_COUNTS = ("pass_index", "turns", "tool_calls", "malformed_calls", "summaries")
+SCHEMAS = {
+    "selfsum": Schema(FIELDS, KEY_FIELDS, PHASES, ("trigger", "pass_index", *COUNTS), _kept_within_seen),
+    "swe": Schema(dict(schema="str", study="str", seed="int", phase="str", split="str", task_id="str", repo="str",
+                       bug_kind="str", solved="bool", **{k: "int" for k in SWE_COUNTS}, failure_mode="str",
+                       right_file="bool", right_hunk="bool", provenance="dict"),
+                  ("schema", "study", "seed", "phase", "split", "task_id", "pass_index"), SWE_PHASES, SWE_COUNTS,
+                  _calls_within_turns),
+}
+
+
+def schema_of(row: dict) -> Schema:
+    """The `Schema` a row follows (its ``schema`` field; ``selfsum`` without one)."""
+    name = row.get("schema", "selfsum")
+    if name not in SCHEMAS:
+        raise ValueError(f"field 'schema' must be one of {tuple(SCHEMAS)}, got {name!r}")
+    return SCHEMAS[name]
+
+
+def validate_row(row: dict) -> None:
+    """Raise a one-line ValueError naming the first bad field of `row` (`schema_of`'s layout):
+    missing, of the wrong type, an unknown phase, a negative count, or counts that contradict each
+    other (more facts kept than seen; more calls than turns)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a ledger row must be a dict, got {type(row).__name__}")
+    sc = schema_of(row)
+    for k, kind in sc.fields.items():
+        if k not in row:
+            raise ValueError(f"field {k!r} is missing")
+        if not _is(row[k], kind):
+            raise ValueError(f"field {k!r} must be {kind}, got {type(row[k]).__name__} {row[k]!r:.60}")
+    if row["phase"] not in sc.phases:
+        raise ValueError(f"field 'phase' must be one of {sc.phases}, got {row['phase']!r}")
+    for k in sc.counts:
+        if row[k] < 0:
+            raise ValueError(f"field {k!r} must be >= 0, got {row[k]}")
+    if sc.check is not None:
+        sc.check(row)
+
+
 def row_key(row: dict) -> tuple:
-    """A row's identity (`KEY_FIELDS`): two rows with one key are one episode, run twice."""
-    return tuple(row[k] for k in KEY_FIELDS)
+    """A row's identity (its schema's key fields): two rows with one key are one episode, run twice."""
+    return (row.get("schema", "selfsum"), *(row[k] for k in schema_of(row).key_fields))
 
 
 def _plain(x):
@@ -112,7 +169,7 @@ def dedupe(rows: Sequence[dict]) -> list[dict]:
 
 
 def read_rows(path: str | pathlib.Path) -> list[dict]:
-    """The validated rows of the ledger `path`, last row winning per `KEY_FIELDS` (`dedupe`)."""
+    """The validated rows of the ledger `path`, last row winning per identity (`dedupe`)."""
     rows = read_jsonl(path)
     for i, r in enumerate(rows, 1):
         try:

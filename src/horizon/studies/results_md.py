@@ -11,11 +11,13 @@ start times, wall time, commands) and its free-text notes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from horizon.eval.report import markdown_table
+from horizon.studies import swe_results
 from horizon.studies.gains import paired_gain, phase_row
-from horizon.studies.ledger import PHASES
+from horizon.studies.ledger import PHASES, SCHEMAS, schema_of
+from horizon.studies.results_fmt import ci, num, seeds_cell, signed
 
 PHASE_LABELS = {"sft": "post-SFT", "rl": "post-RL", "oracle": "oracle summaries"}
 GAINS = (("RL gain (post-RL − post-SFT), paired", "rl", "sft"),
@@ -24,29 +26,6 @@ GAIN_METRICS = (("success", "success diff"), ("needed_carry", "needed-carry diff
                 ("distractor_carry", "distractor-carry diff"))
 SUMMARY_EXAMPLE_STRATEGIES = ("self_summary", "prompt_compaction", "summarizing_condenser")
 EXAMPLES = 3             # example episodes per study and trigger
-
-
-def num(v) -> str:
-    """A cell: ints as is, floats to 3 decimals, "n/a" for None."""
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v)
-
-
-def signed(v) -> str:
-    """A difference: 3 decimals with its sign, "n/a" for None."""
-    return "n/a" if v is None else f"{v:+.3f}"
-
-
-def ci(lo, hi, f: Callable = num) -> str:
-    """"[lo, hi]", or "n/a" when the CI is undefined."""
-    return "n/a" if lo is None or hi is None else f"[{f(lo)}, {f(hi)}]"
-
-
-def seeds_cell(seeds: Sequence[int]) -> str:
-    return ", ".join(str(s) for s in seeds) or "n/a"
 
 
 def _ordered(rows: Sequence[dict], field: str) -> list:
@@ -153,7 +132,8 @@ def provenance_line(rows: Sequence[dict]) -> str:
     starts = sorted({p["started_at"] for p in provs if p.get("started_at")})
     if starts:
         parts.append(f"started {starts[0]}" + (f" to {starts[-1]}" if len(starts) > 1 else ""))
-    arms = {(r["provenance"].get("started_at"), r["provenance"].get("host"), r["seed"], r["strategy"], r["trigger"]):
+    arms = {(r["provenance"].get("started_at"), r["provenance"].get("host"), r["seed"], r.get("strategy"),
+             r.get("trigger")):
             r["run_wall_s"] for r in rows if r.get("run_wall_s") is not None}
     if arms:
         parts.append(f"arms' wall time {sum(arms.values()):.0f} s over {len(arms)} arm(s)")
@@ -165,11 +145,14 @@ def provenance_line(rows: Sequence[dict]) -> str:
 
 def study_section(study: str, rows: Sequence[dict], notes: str | None, *, samples: int, level: float,
                   seed: int) -> str:
-    """A study's tables per trigger (sorted), its provenance line and its notes (verbatim)."""
+    """A study's tables (a self-summarization study: per trigger, sorted; the real-repository
+    pipeline: `swe_results.section`), its provenance line and its notes (verbatim)."""
     out = [f"## {study}\n"]
     if not rows:
         out.append("No rows yet.\n")
-    for trigger in sorted({r["trigger"] for r in rows}):
+    elif schema_of(rows[0]) is SCHEMAS["swe"]:
+        out.append(swe_results.section(rows, samples=samples, level=level, seed=seed))
+    for trigger in sorted({r["trigger"] for r in rows if "trigger" in r}):
         sub = [r for r in rows if r["trigger"] == trigger]
         kw = dict(samples=samples, level=level, seed=seed)
         out.append(f"### {study}, compaction trigger {trigger} tokens\n")

@@ -137,7 +137,7 @@ def balance_rows(rows_by_strategy: dict) -> list:
 
 
 def warm_start_demos(family, c, tok):
-    """`loop.two_stage_sft`'s demos, every one of `exp.strategies` with an equal share of trained
+    """`warmstart.two_stage_sft`'s demos, every one of `exp.strategies` with an equal share of trained
     tokens (`balance_rows`) in both stages: stage 1 its own correct chains (finals trained on only
     when right: a sliding window's guess is not a demonstration) on each of the stage-1 task sizes
     (`stage1_configs`), stage 2 on the experiment's tasks with the same `exp.sft.corrupt_prob` share
@@ -274,7 +274,7 @@ def copy_check_lines(chk: dict, strategies, threshold: float) -> list[str]:
 
 
 def copy_probe(family, c, tok):
-    """The SFT probe (`loop.two_stage_sft`'s `probe`, every `exp.sft.probe_every` steps):
+    """The SFT probe (`warmstart.two_stage_sft`'s `probe`, every `exp.sft.probe_every` steps):
     `key_copy_check` of every strategy on `exp.sft.probe_tasks` held-out chains of the
     experiment's own tasks, so the log shows when each copy forms (docs/PERF.md)."""
     cs = copy.deepcopy(c)

@@ -15,7 +15,7 @@ from horizon.model.params import numpy_init
 from horizon.parallel.mesh import mesh_sizes
 from horizon.rl.runtime import core as runtime
 from horizon.rl.runtime import weight_sync
-from horizon.rl.runtime.loop import load_sft_params
+from horizon.rl.runtime.warmstart import load_sft_params
 from horizon.utils import compiles
 
 

@@ -126,7 +126,7 @@ def validate_rl_mesh(c) -> None:
 
 
 def validate_sft(c) -> None:
-    """`exp.sft`: both warm-start stages (`loop.two_stage_sft`)."""
+    """`exp.sft`: both warm-start stages (`warmstart.two_stage_sft`)."""
     s = c.exp.sft
     fmt = str(c.agent.get("tool_format", "horizon")) if "agent" in c else "horizon"
     need(fmt == "horizon", "agent.tool_format", fmt, "the SFT demonstrators write the 'horizon' tool-call format; "
@@ -154,6 +154,10 @@ def validate_sft(c) -> None:
                  f"must be <= model.max_seq_len={c.model.max_seq_len}")
     if "probe_every" in s:
         need_int(s, "probe_every", "exp.sft", lo=0)
+    if int(s.get("probe_every", 0) or 0) > 0 and str(s.get("probe_path", "") or ""):
+        need(pathlib.Path(str(s.probe_path)).is_file(), "exp.sft.probe_path", s.probe_path,
+             "no such file: the SFT probe's instances (docs/REAL_REPOS.md builds runs/swe_real/tasks/unseen.jsonl)")
+        need_int(s, "probe_turns", "exp.sft", lo=1)
 
 
 def validate_family(c, env: str | None) -> None:

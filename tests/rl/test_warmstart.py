@@ -1,8 +1,10 @@
-"""horizon.rl.runtime.loop pieces that need no sandbox: the two-stage warm start and its checkpoints."""
+"""horizon.rl.runtime.warmstart pieces that need no sandbox: the two-stage warm start and its checkpoints."""
 
 from __future__ import annotations
 
 import pathlib
+import shutil
+import types
 
 import jax
 import ml_collections
@@ -10,8 +12,10 @@ import numpy as np
 import pytest
 
 from horizon.data.tokenizer import ByteTokenizer, tokenizer_from_config
+from horizon.env import swe_demos
 from horizon.env.families import family_from_config
-from horizon.rl.runtime import loop
+from horizon.rl.runtime import checks, warmstart
+from horizon.tasks.task import Task
 from horizon.utils.config import load_config_file
 from horizon.utils.seeds import run_keys
 
@@ -34,18 +38,18 @@ def test_two_stage_warm_start_writes_both_checkpoints_and_reloads(tmp_path):
     c = _cfg(clean_steps=2, steps=3)
     recs = []
     fam = family_from_config(c.exp)
-    p = loop.config_edit_warm_start(c, fam, ByteTokenizer(c.model.vocab_size), tmp_path, recs.append,
-                                    run_keys(c.seed)["init"])
+    p = warmstart.config_edit_warm_start(c, fam, ByteTokenizer(c.model.vocab_size), tmp_path, recs.append,
+                                         run_keys(c.seed)["init"])
     # stage sizes come from the config (the clean stage's `steps` override does not leak into stage 2)
     assert [r["step"] for r in recs if r["phase"] == "sft_clean"] == [1, 2]
     assert [r["step"] for r in recs if r["phase"] == "sft"] == [1, 2, 3]
     assert c.exp.sft.steps == 3 and (tmp_path / "sft_clean" / "2").is_dir() and (tmp_path / "sft" / "3").is_dir()
-    back = loop.load_sft_params(c, tmp_path / "sft")     # what experiments/rl_async.py starts from
+    back = warmstart.load_sft_params(c, tmp_path / "sft")     # what experiments/rl_async.py starts from
     for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(back)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # a rerun restores the finished stage 2 instead of training again
-    again = loop.config_edit_warm_start(c, fam, ByteTokenizer(c.model.vocab_size), tmp_path, recs.append,
-                                        run_keys(c.seed)["init"])
+    again = warmstart.config_edit_warm_start(c, fam, ByteTokenizer(c.model.vocab_size), tmp_path, recs.append,
+                                             run_keys(c.seed)["init"])
     assert len(recs) == 5
     for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(again)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -69,16 +73,16 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
         return rows
 
     p0 = transformer.init(run_keys(c.seed)["init"], c.model)
-    loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
+    warmstart.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
     assert calls == [True, False]
-    loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)          # both stages restored
+    warmstart.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)          # both stages restored
     assert calls == [True, False]
     c.exp.sft.clean_steps = 0
-    loop.two_stage_sft(p0, demos, c, tmp_path / "one", lambda r: None)
+    warmstart.two_stage_sft(p0, demos, c, tmp_path / "one", lambda r: None)
     assert calls == [True, False, False] and not (tmp_path / "one" / "sft_clean").exists()
     c.exp.sft.steps = 3                                                # a changed stage size is not reused silently
     with pytest.raises(ValueError, match="finished 1-step SFT"):
-        loop.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
+        warmstart.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
 
 
 def test_run_sft_lr_override_is_local(tmp_path):
@@ -95,7 +99,7 @@ def test_run_sft_lr_override_is_local(tmp_path):
     for name, lr in (("low", 3e-4), ("default", None)):
         p0 = transformer.init(run_keys(c.seed)["init"], c.model)
         head0 = np.asarray(p0["lm_head"]).copy()                       # (d_model, vocab)
-        p = loop.run_sft(p0, rows, c, tmp_path, lambda r: None, stage=loop.SFTStage(name=name, lr=lr))
+        p = warmstart.run_sft(p0, rows, c, tmp_path, lambda r: None, stage=warmstart.SFTStage(name=name, lr=lr))
         head = np.asarray(p["lm_head"])
         want = c.exp.sft.optim.lr if lr is None else lr
         np.testing.assert_allclose(np.abs(head - head0).max(), want, rtol=1e-3)
@@ -104,7 +108,7 @@ def test_run_sft_lr_override_is_local(tmp_path):
 
 def test_load_sft_params_without_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no SFT checkpoint"):
-        loop.load_sft_params(_cfg(), tmp_path / "missing")
+        warmstart.load_sft_params(_cfg(), tmp_path / "missing")
 
 
 def test_selfsum_stage1_curriculum_mixes_chain_lengths():
@@ -160,7 +164,7 @@ def test_run_sft_probe_runs_on_schedule_with_current_params(tmp_path):
 
     p0 = transformer.init(run_keys(c.seed)["init"], c.model)
     head0 = np.asarray(p0["lm_head"]).copy()
-    p = loop.run_sft(p0, rows, c, tmp_path, recs.append, stage=loop.SFTStage(probe_every=2), probe=probe)
+    p = warmstart.run_sft(p0, rows, c, tmp_path, recs.append, stage=warmstart.SFTStage(probe_every=2), probe=probe)
     assert [r["step"] for r in recs] == [2, 3] and len(seen) == 2       # step 2, then the end (step 3)
     np.testing.assert_array_equal(seen[-1], np.asarray(p["lm_head"]))
     assert not np.array_equal(seen[0], head0) and not np.array_equal(seen[0], seen[1])
@@ -187,5 +191,55 @@ def test_sft_remat_overrides_the_model_remat_for_sft_only(monkeypatch, tmp_path,
     monkeypatch.setattr(lm, "make_train_step", stop)
     params = transformer.init(jax.random.PRNGKey(0), c.model)
     with pytest.raises(RuntimeError, match="built"):
-        loop.run_sft(params, [], c, tmp_path, lambda r: None)
+        warmstart.run_sft(params, [], c, tmp_path, lambda r: None)
     assert seen == [want] and bool(c.model.remat) == model_remat
+
+
+def test_the_swe_probe_needs_its_instances(tmp_path):
+    """configs/swe_real.py's SFT probe reads the demonstrations of `exp.sft.probe_path`'s instances: a
+    missing file is refused before any sandbox starts; probe_every=0 does not read it."""
+    c = ml_collections.ConfigDict(load_config_file(ROOT / "configs" / "swe_real.py").to_dict())
+    c.exp.sft.probe_path = str(tmp_path / "none.jsonl")
+    with pytest.raises(checks.ConfigError, match=r"exp\.sft\.probe_path='.*none\.jsonl': no such file"):
+        checks.validate_sft(c)
+    (tmp_path / "none.jsonl").write_text("")
+    checks.validate_sft(c)
+    c.exp.sft.probe_turns = 0
+    with pytest.raises(checks.ConfigError, match=r"exp\.sft\.probe_turns=0"):
+        checks.validate_sft(c)
+    c.exp.sft.probe_every = 0
+    checks.validate_sft(c)
+
+
+def test_swebench_warm_start_builds_its_demos_once(tmp_path, monkeypatch):
+    """Real-repository demonstrations take minutes in Docker: the warm start saves them
+    (out/demos.npz) and a rerun that must train again (here: its checkpoint removed) reads them
+    back instead of starting sandboxes; another agent setting builds them again."""
+    c = _cfg(clean_steps=0, steps=1)
+    c.exp.n_sft_tasks = 2
+    tasks = [Task(id=f"t{i}", prompt=f"fix {i}", files={}, test_cmd="true", image="img",
+                  metadata={"patch": "", "fail_to_pass": []}) for i in range(2)]
+    fam = types.SimpleNamespace(tasks=lambda split, n: tasks[:n])
+    rows = [(np.arange(1, 60) % 200, np.r_[np.zeros(30), np.ones(29)].astype(np.float32)) for _ in range(40)]
+    built, opened = [], []
+
+    def fake_demos(family, ts, pool, c_, tok):
+        built.append([t.id for t in ts])
+        return rows, swe_demos.DemoReport(tried=len(ts), kept=len(ts), rows=len(rows))
+    monkeypatch.setattr(swe_demos, "swebench_demos", fake_demos)
+    monkeypatch.setattr(warmstart.SandboxPool, "from_config",
+                        lambda c_: opened.append(1) or types.SimpleNamespace(close=lambda: None))
+    tok, key = ByteTokenizer(c.model.vocab_size), run_keys(c.seed)["init"]
+    recs = []
+    first = warmstart.swebench_warm_start(c, fam, tok, tmp_path, recs.append, key)
+    assert built == [["t0", "t1"]] and opened == [1] and (tmp_path / "demos.npz").is_file()
+    assert [r["demos/kept"] for r in recs if r["phase"] == "demos"] == [2]
+    shutil.rmtree(tmp_path / "sft")
+    again = warmstart.swebench_warm_start(c, fam, tok, tmp_path, recs.append, key)
+    assert built == [["t0", "t1"]] and opened == [1]                  # read back: no sandbox, no rebuild
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(again)):   # the same rows train the same params
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    c.agent.max_turns += 1
+    shutil.rmtree(tmp_path / "sft")
+    warmstart.swebench_warm_start(c, fam, tok, tmp_path, recs.append, key)
+    assert len(built) == 2

@@ -58,7 +58,7 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
     from horizon.inference import policy as engine_policy
     from horizon.model import transformer
     from horizon.rl.algo import trainer
-    from horizon.rl.runtime import loop
+    from horizon.rl.runtime import warmstart
 
     drv = _driver("rl")
     tok = ByteTokenizer()
@@ -74,7 +74,7 @@ def _run_rl_driver(monkeypatch, tmp_path, extra):
         batches.append(b)
         return state, {"reward_mean": 0.0, "best_of_k": 0.0, "loss": 0.0}
 
-    monkeypatch.setattr(loop, "config_edit_warm_start", lambda c, f, t, o, log, k: transformer.init(k, c.model))
+    monkeypatch.setattr(warmstart, "config_edit_warm_start", lambda c, f, t, o, log, k: transformer.init(k, c.model))
     monkeypatch.setattr(drv, "sft_check", lambda *a: dict(greedy_wellformed=1.0, sampled_wellformed=1.0,
                                                           greedy_correct=0.0, sampled_correct=0.0, greedy_example=""))
     monkeypatch.setattr(engine_policy, "rollout_policy", lambda *a, **k: _set_call_policy(tok))

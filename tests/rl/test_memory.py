@@ -65,7 +65,7 @@ def test_check_passes_for_rl_tiny_and_fails_in_one_line_past_the_budget(tiny_mem
 def test_rl_driver_stops_before_sandboxes_and_warm_start(monkeypatch, tmp_path, capsys, tiny_mem):
     """experiments/rl.py: exit 2 with the one line before any sandbox pool or warm start exists;
     with room, the run goes on to them."""
-    from horizon.rl.runtime import loop, workers
+    from horizon.rl.runtime import warmstart, workers
 
     spec = importlib.util.spec_from_file_location("drv_rl_memory", ROOT / "experiments" / "rl.py")
     drv = importlib.util.module_from_spec(spec)
@@ -80,7 +80,7 @@ def test_rl_driver_stops_before_sandboxes_and_warm_start(monkeypatch, tmp_path, 
         raise Reached
 
     monkeypatch.setattr(workers, "family_env", expensive)
-    monkeypatch.setattr(loop, "warm_start", expensive)
+    monkeypatch.setattr(warmstart, "warm_start", expensive)
     argv = ["--config=configs/rl_tiny.py", "--config.exp.backend=local", f"--config.exp.out_dir={tmp_path / 'run'}",
             "--config.exp.compilation_cache_dir="]
     with pytest.raises(SystemExit) as e:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from horizon.eval.report import markdown_table
+from horizon.eval.setup import task_repo
 from horizon.studies.ledger import RESULTS_DIR, SWE_PHASES, SWE_SPLITS, append_rows
 from horizon.studies.results_fmt import ci, num, seeds_cell
 from horizon.studies.selfsum_metrics import bootstrap_ci
@@ -124,7 +125,7 @@ def record_eval(c, policy: str, records: Sequence[dict], tasks, provenance: dict
     path = str(c.eval.get("ledger", "") or "")
     if not path or policy not in SWE_PHASES:
         return 0
-    repos = {t.id: str((t.metadata or {}).get("repo") or t.kind) for t in tasks}
+    repos = {t.id: task_repo(t) for t in tasks}
     rows = eval_rows(records, study=pathlib.Path(path).stem, seed=int(c.seed), phase=policy,
                      split=str(c.eval.ledger_split), repo_of=repos.__getitem__, provenance=provenance, **extra)
     return append_rows(REPO / path, rows)

@@ -19,13 +19,16 @@ from horizon.env.swe_demos import (
     demo_key,
     demo_script,
     edit_strings,
+    library_frames,
     load_rows,
+    print_command,
     prompt_chunks,
+    read_anchor,
     save_rows,
     turn_kind,
 )
 from horizon.inference import sampler
-from horizon.tasks.swebench import patch_hunks
+from horizon.tasks.swebench import Hunk, patch_hunks
 from horizon.tasks.task import Task
 from horizon.tools.format import parse_action, render_call, render_final, render_summary, tool_format
 from horizon.utils.config import sibling_config
@@ -69,14 +72,45 @@ def test_a_patch_of_several_hunks_takes_several_edit_calls():
     script = demo_script(_task(patch))
     acts = [parse_action(text) for _, text in script]
     assert [a.name if a.kind == "call" else a.kind for a in acts] == \
-        ["run_shell", "read_file", "edit_file", "read_file", "edit_file", "run_shell", "final"]
+        ["run_shell", "run_shell", "edit_file", "run_shell", "edit_file", "run_shell", "final"]
     edits = [a.args for a in acts if a.name == "edit_file"]
     assert [(e["old_str"], e["new_str"]) for e in edits] == [edit_strings(h) for h in patch_hunks(patch)]
     assert all(e["path"] == "/workspace/pkg/m.py" and e["command"] == "str_replace" for e in edits)
-    reads = [a.args for a in acts if a.name == "read_file"]
-    assert [int(r["start_line"]) for r in reads] == [1, patch_hunks(patch)[1].new_start - 6]   # text until the registry
+    reads = [acts[1].args["command"], acts[3].args["command"]]     # the file printed as the edit copies it
+    mid = [h.new_start + h.old.count("\n") // 2 for h in patch_hunks(patch)]     # no frames: the hunk's middle
+    assert reads == [f"awk 'NR>={m}-10 && NR<={m}+10' /workspace/pkg/m.py" for m in mid]
     assert acts[0].args["command"] == acts[-2].args["command"] == SUITE_RUN      # one fixed run, before and after
     assert SUITE_RUN.startswith("python3 -m pytest -x ") and SUITE_RUN.endswith("exit ${PIPESTATUS[0]}")
+
+
+PYTEST_OUT = """=================================== FAILURES ===================================
+_____________________ CacheWrapperTest.test_decorator_info _____________________
+tests/test_cached.py:266: in test_decorator_info
+    self.assertEqual(wrapper.cache_info(), (0, 0, 2, 0))
+src/pkg/_decorator.py:130: in cache_info
+    return self.__info(self.__hits, self.cache, self.__misses)
+src/pkg/m.py:40: in _make_info
+    return cls(hits, misses, None, len(cache))
+E   TypeError: object of type 'int' has no len()
+"""
+
+
+def test_the_print_before_an_edit_is_at_the_failing_frame_when_its_window_holds_the_hunk():
+    assert library_frames(PYTEST_OUT) == [("src/pkg/_decorator.py", 130), ("src/pkg/m.py", 40)]   # tests left out
+    frames = library_frames(PYTEST_OUT)
+    hunk = lambda path, start, old: Hunk(path, start, old, old.upper())                 # noqa: E731
+    assert read_anchor(hunk("src/pkg/m.py", 31, "a"), frames) == (40, 10, True)         # 9 lines above the frame
+    assert read_anchor(hunk("src/pkg/m.py", 49, "a\nb"), frames) == (40, 10, True)      # its last line is the window's
+    assert read_anchor(hunk("src/pkg/m.py", 50, "a\nb"), frames) == (50, 10, False)     # one past it: the hunk's own
+    assert read_anchor(hunk("src/pkg/other.py", 40, "a"), frames) == (40, 10, False)    # another file
+    assert read_anchor(hunk("src/pkg/m.py", 100, "\n".join("x" * 30)), []) == (114, 21, False)   # a long hunk fits
+    cmd = print_command("/workspace/src/pkg/m.py", 40, 10)
+    assert cmd == "awk 'NR>=40-10 && NR<=40+10' /workspace/src/pkg/m.py"                   # the frame's line, copied
+    (h,) = patch_hunks(_diff(BEFORE, BEFORE.replace("y9 = 9", "y9 = 10"), "pkg/m.py"))
+    script = demo_script(_task(_diff(BEFORE, BEFORE.replace("y9 = 9", "y9 = 10"), "pkg/m.py")), None,
+                         [("pkg/m.py", h.new_start + 3)])
+    assert parse_action(script[1][1]).args["command"] == print_command("/workspace/pkg/m.py", h.new_start + 3, 10)
+    assert f"around line {h.new_start + 3}." in script[1][0]
 
 
 def test_the_scripted_policy_plays_the_script_with_its_thoughts():
@@ -129,22 +163,25 @@ def test_unseen_instances_are_a_stable_fraction_of_each_train_repository():
     assert hold_out_unseen(insts, 0.0) == (insts, [])
 
 
-def test_an_edit_keeps_one_line_of_context():
+def test_an_edit_is_its_changed_lines_with_context_on_request():
     after = BEFORE.replace("x + 1", "x - 1")
     (h,) = patch_hunks(_diff(BEFORE, after, "m.py"))
-    assert edit_strings(h) == ("def f(x):\n    return x + 1\ny0 = 0", "def f(x):\n    return x - 1\ny0 = 0")
-    (ins,) = patch_hunks(_diff(BEFORE, BEFORE.replace("y5 = 5\n", "y5 = 5\nz = 0\n"), "m.py"))
-    old, new = edit_strings(ins)                                  # a pure insertion keeps two lines each side
-    assert old == "y4 = 4\ny5 = 5\ny6 = 6\ny7 = 7" and new == "y4 = 4\ny5 = 5\nz = 0\ny6 = 6\ny7 = 7"
-    assert BEFORE.replace(old, new) == BEFORE.replace("y5 = 5\n", "y5 = 5\nz = 0\n")
+    assert edit_strings(h) == ("    return x + 1", "    return x - 1")                 # unique: no context
+    assert edit_strings(h, context=1) == ("def f(x):\n    return x + 1\ny0 = 0", "def f(x):\n    return x - 1\ny0 = 0")
+    expect = BEFORE.replace("y5 = 5\n", "y5 = 5\nz = 0\n")
+    (ins,) = patch_hunks(_diff(BEFORE, expect, "m.py"))
+    for context, (old, new) in ((0, ("y5 = 5\ny6 = 6", "y5 = 5\nz = 0\ny6 = 6")),      # an insertion keeps one
+                                (1, ("y4 = 4\ny5 = 5\ny6 = 6\ny7 = 7", "y4 = 4\ny5 = 5\nz = 0\ny6 = 6\ny7 = 7"))):
+        assert edit_strings(ins, context=context) == (old, new)                     # line more on each side
+        assert BEFORE.replace(old, new) == expect
 
 
 def test_an_edit_widens_its_context_until_it_is_unique_in_the_file():
     text = "a\nb\nx\nc\nd\nb\nx\nc\ne\n"                       # "b\nx\nc" occurs twice
     after = "a\nb\nx\nc\nd\nb\ny\nc\ne\n"
     (h,) = patch_hunks(_diff(text, after, "m.py"))
-    assert edit_strings(h) == ("b\nx\nc", "b\ny\nc")                  # one line of context, not unique
-    assert edit_strings(h, text) == ("d\nb\nx\nc\ne", "d\nb\ny\nc\ne")  # two: unique
+    assert edit_strings(h) == ("x", "y")                              # without the file: the changed line
+    assert edit_strings(h, text) == ("d\nb\nx\nc\ne", "d\nb\ny\nc\ne")  # "x", then "b\nx\nc" occur twice
     script = demo_script(_task(_diff(text, after, "m.py")), {"m.py": text})
     edit = next(parse_action(x).args for _, x in script if "edit_file" in x)
     assert text.count(edit["old_str"]) == 1 and text.replace(edit["old_str"], edit["new_str"]) == after
@@ -176,6 +213,13 @@ def test_demo_rows_round_trip_under_their_key_and_only_under_it(tmp_path):
     assert demo_key([other], _cfg()) != key
 
 
+def test_a_changed_demonstrator_builds_its_rows_again(monkeypatch):
+    c, t = _cfg(), _task(_diff(BEFORE, BEFORE.replace("x + 1", "x - 1"), "pkg/m.py"))
+    key = demo_key([t], c)
+    monkeypatch.setattr(swe_demos, "READ_RADIUS", swe_demos.READ_RADIUS + 1)      # other prints, other rows
+    assert demo_key([t], c) != key
+
+
 def test_agent_turns_are_the_loss_masked_runs_with_their_contexts():
     rows = [(np.arange(10), np.array([0, 0, 1, 1, 0, 0, 0, 1, 1, 1])), (np.arange(4) + 20, np.array([1, 0, 0, 0]))]
     got = [(a.tolist(), b.tolist()) for a, b in agent_turns(rows, 10)]
@@ -197,7 +241,9 @@ def test_turn_probe_compares_each_decode_with_its_own_turn(monkeypatch):
     that answers a fixed malformed turn scores 0."""
     c = _cfg()
     texts = [render_call("read_file", {"path": f"/workspace/f{i}.py"}) if i % 2 else render_final(f"done {i}")
-             for i in range(5)]
+             for i in range(4)]
+    texts.append(render_call("edit_file", {"command": "str_replace", "path": "/workspace/f.py", "old_str": "a = 1",
+                                           "new_str": "a = 2"}))
     ctx = [np.arange(50 - 9 * i) % 200 for i in range(5)]           # longest first: the probe reorders them
     turns = [(x, np.asarray(TOK.encode(t))) for x, t in zip(ctx, texts)]
     answer = {len(x): np.asarray(TOK.encode(t)) for x, t in zip(ctx, texts)}
@@ -206,8 +252,11 @@ def test_turn_probe_compares_each_decode_with_its_own_turn(monkeypatch):
         assert sampling.temperature == 0.0 and max_new_tokens <= int(cfg.model.max_seq_len) - max(map(len, prompts))
         return types.SimpleNamespace(tokens=[answer[len(p)] for p in prompts])
     monkeypatch.setattr(sampler, "generate", fake)
-    assert swe_demos.turn_probe(None, turns, c, TOK, batch=2) == dict(turn_wellformed=1.0, turn_same_kind=1.0,
-                                                                      turn_exact=1.0)
+    assert swe_demos.turn_probe(None, turns, c, TOK, batch=2) == dict(
+        turn_wellformed=1.0, turn_same_kind=1.0, turn_exact=1.0, edit_wellformed=1.0, edit_old_exact=1.0)
+    answer[len(ctx[4])] = np.asarray(TOK.encode(texts[4].replace("a = 1", "a = 3")))   # well-formed, wrong copy
+    assert swe_demos.turn_probe(None, turns, c, TOK, batch=2) == dict(
+        turn_wellformed=1.0, turn_same_kind=1.0, turn_exact=0.8, edit_wellformed=1.0, edit_old_exact=0.0)
     answer = {k: np.asarray(TOK.encode("<function=read_file>")) for k in answer}
-    assert swe_demos.turn_probe(None, turns, c, TOK, batch=2) == dict(turn_wellformed=0.0, turn_same_kind=0.0,
-                                                                      turn_exact=0.0)
+    assert swe_demos.turn_probe(None, turns, c, TOK, batch=2) == dict(
+        turn_wellformed=0.0, turn_same_kind=0.0, turn_exact=0.0, edit_wellformed=0.0, edit_old_exact=0.0)

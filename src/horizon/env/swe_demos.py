@@ -2,11 +2,12 @@
 docs/REAL_REPOS.md "Demonstrations").
 
 For each instance a scripted engineer's trajectory (`demo_script`): run the test suite up to its
-first failure, open
-the file of each hunk of the gold patch around it, make that hunk's edit with `edit_file`
-(one ``str_replace`` per hunk: its changed lines with one line of context, more where that is
-not unique in the file as the instance has it, `edit_strings` and `gold_files`; a patch of several
-hunks takes several calls), rerun the tests,
+first failure, print the file of each hunk of the gold patch around the failing library frame when
+that frame's window holds the hunk, else around the hunk (`read_anchor`; printed by `awk`, so the
+lines the edit copies appear in the context exactly as the edit writes them, without `read_file`'s
+line numbers), make that hunk's edit with `edit_file` (one ``str_replace`` per hunk: its changed lines,
+with more context only where they are not unique in the file as the instance has it,
+`edit_strings` and `gold_files`; a patch of several hunks takes several calls), rerun the tests,
 finish. It is executed by the real agent loop in the instance's own image through the RL rollout
 path (`rollouts.rollout_batch`: the same tools, output truncation, context strategy at the
 trigger and verifier), so every observation is real, and a chain is kept only where the verifier
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import pathlib
+import re
 from collections import Counter
 
 import jax
@@ -36,9 +39,10 @@ from horizon.tasks.task import Task
 from horizon.tools.format import SUMMARY_CLOSE, SUMMARY_OPEN, render_call, render_final, tool_format
 from horizon.utils.progress import progress
 
-READ_MARGIN = 6          # lines shown before and after a hunk when the file is opened
+READ_MARGIN = 6          # lines shown before and after a long hunk when the file is printed
+READ_RADIUS = 10         # lines shown each side of the printed line
 TAIL_LINES = 25          # the end of pytest's output: the failure's short traceback and the summary
-EDIT_CONTEXT = 1         # unchanged lines kept on each side of an edit's changed lines
+EDIT_CONTEXT = 0         # unchanged lines kept on each side of an edit's changed lines (widened until unique)
 # The demonstrator's test run: the whole suite, stopping at the first failure (every test but the
 # instance's failing ones passes, so that failure is one of them), short tracebacks without the
 # warnings summary, the last TAIL_LINES lines, exiting with pytest's status (not tail's). One fixed
@@ -64,9 +68,38 @@ def edit_strings(h: Hunk, text: str | None = None, context: int = EDIT_CONTEXT) 
         keep += 1
 
 
-def demo_script(task: Task, files: dict[str, str] | None = None) -> list[tuple[str, str]]:
+FRAME_RE = re.compile(r"^(\S+\.py):(\d+): in ", re.M)      # a frame of pytest's --tb=short output
+
+
+def library_frames(output: str) -> list[tuple[str, int]]:
+    """(path, line) of the frames of a pytest run's output outside the tests, outermost first."""
+    return [(p, int(n)) for p, n in FRAME_RE.findall(output)
+            if not (p.startswith("tests/") or "/tests/" in p or p.rsplit("/", 1)[-1].startswith("test_"))]
+
+
+def read_anchor(h: Hunk, frames: list[tuple[str, int]]) -> tuple[int, int, bool]:
+    """(centre line, radius, from a frame) of the print before hunk `h`'s edit: the deepest library
+    frame of the failing run (`library_frames`) in the hunk's file whose window of READ_RADIUS lines
+    each side holds the hunk (its line is in the context, so the policy can copy it), else the hunk's
+    middle line (the demonstrator knows it from the gold patch); the radius grows to fit a long hunk."""
+    n = h.old.count("\n") + 1
+    for path, line in reversed(frames):
+        if path == h.path and line - READ_RADIUS <= h.new_start and h.new_start + n - 1 <= line + READ_RADIUS:
+            return line, READ_RADIUS, True
+    return h.new_start + (n - 1) // 2, max(READ_RADIUS, n // 2 + READ_MARGIN), False
+
+
+def print_command(path: str, centre: int, radius: int) -> str:
+    """The file's lines within `radius` of `centre`, as they are (no numbers: module docstring). The
+    line is written once per bound and never computed with, so a copied line number is the whole call."""
+    return f"awk 'NR>={centre}-{radius} && NR<={centre}+{radius}' {path}"
+
+
+def demo_script(task: Task, files: dict[str, str] | None = None,
+                frames: list[tuple[str, int]] | None = None) -> list[tuple[str, str]]:
     """(thought, turn text) of the engineer's trajectory for a generated instance (module docstring);
-    `files`: the gold patch's files as the instance has them (path -> text), for unique edits."""
+    `files`: the gold patch's files as the instance has them (path -> text), for unique edits;
+    `frames`: the library frames of the instance's failing run (`library_frames`), where to look."""
     files = dict(files or {})
     hunks = patch_hunks(str(task.metadata["patch"]))
     if not hunks:
@@ -75,10 +108,9 @@ def demo_script(task: Task, files: dict[str, str] | None = None) -> list[tuple[s
     turns = [("Run the tests to see what fails.", run)]
     for h in hunks:
         path = f"{WORKSPACE}/{h.path}"
-        n_lines = h.old.count("\n") + 1
-        lo, hi = max(1, h.new_start - READ_MARGIN), h.new_start + n_lines - 1 + READ_MARGIN
-        turns.append((f"The failure comes from {h.path}; open it around line {h.new_start}.",
-                      render_call("read_file", {"path": path, "start_line": lo, "end_line": hi})))
+        centre, radius, _ = read_anchor(h, list(frames or ()))
+        turns.append((f"The failure comes from {h.path}; print it around line {centre}.",
+                      render_call("run_shell", {"command": print_command(path, centre, radius)})))
         old_str, new_str = edit_strings(h, files.get(h.path))
         if h.path in files:                                   # the next hunk sees this one applied
             files[h.path] = files[h.path].replace(old_str, new_str, 1)
@@ -103,6 +135,16 @@ def gold_files(sandbox, task: Task) -> dict[str, str]:
     return out
 
 
+def first_look(sandbox, task: Task, timeout: float = 120.0) -> tuple[dict[str, str], list[tuple[str, int]]]:
+    """What the demonstrator knows before it acts: `gold_files` and the library frames of the suite
+    run it will make first (`SUITE_RUN`, run here once; none if the run fails to start)."""
+    try:
+        frames = library_frames(sandbox.exec(SUITE_RUN, timeout=timeout).output)
+    except SandboxError:
+        frames = []
+    return gold_files(sandbox, task), frames
+
+
 @dataclasses.dataclass
 class DemoReport:
     """What the builder kept and why it dropped the rest (counts by the generator's bug kind)."""
@@ -113,6 +155,8 @@ class DemoReport:
     kinds_tried: Counter = dataclasses.field(default_factory=Counter)
     kinds_kept: Counter = dataclasses.field(default_factory=Counter)
     summaries: int = 0            # summaries written in kept chains (the context strategy at the trigger)
+    reads: int = 0                # file prints in kept chains (one per hunk)
+    frame_reads: int = 0          # of which around a failing library frame (`read_anchor`)
     rows: int = 0                 # SFT rows (one per segment)
     tokens: int = 0               # trained tokens
 
@@ -120,13 +164,15 @@ class DemoReport:
         """Flat numbers for the run's metrics log."""
         return {"demos/tried": self.tried, "demos/kept": self.kept, "demos/unsolved": len(self.unsolved),
                 "demos/infra": len(self.infra), "demos/summaries": self.summaries, "demos/rows": self.rows,
+                "demos/reads": self.reads, "demos/frame_reads": self.frame_reads,
                 "demos/tokens": self.tokens, **{f"demos/kept_{k}": v for k, v in sorted(self.kinds_kept.items())}}
 
     def line(self) -> str:
         dropped = "".join(f"; {name}: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}"
                           for name, ids in (("unsolved", self.unsolved), ("sandbox failed", self.infra)) if ids)
         return (f"{self.kept}/{self.tried} demos kept ({len(self.unsolved)} unsolved, {len(self.infra)} sandbox "
-                f"failures); {self.rows} rows, {self.tokens} trained tokens, {self.summaries} summaries; kept by "
+                f"failures); {self.rows} rows, {self.tokens} trained tokens, {self.summaries} summaries, "
+                f"{self.frame_reads} of {self.reads} prints at a failing frame; kept by "
                 f"kind {dict(sorted(self.kinds_kept.items()))} of {dict(sorted(self.kinds_tried.items()))}{dropped}")
 
 
@@ -149,11 +195,11 @@ def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[li
     rows = []
     bar = progress(total=len(tasks), desc="swe demos", unit="demo")
     for chunk in prompt_chunks(tasks, len(pool.boxes)):
-        texts = pool.map(lambda j, t: gold_files(pool.ready(j, family.reset_step(t), task_image(family, t), task=t),
-                                                 t), range(len(chunk)), chunk)
-        policy = ScriptedPolicy({t.prompt: demo_script(t, f) for t, f in zip(chunk, texts)}, tok)
+        seen = pool.map(lambda j, t: first_look(pool.ready(j, family.reset_step(t), task_image(family, t), task=t),
+                                                t), range(len(chunk)), chunk)
+        policy = ScriptedPolicy({t.prompt: demo_script(t, f, fr) for t, (f, fr) in zip(chunk, seen)}, tok)
         trajs, _, infos = rollout_batch(family, chunk, policy, pool, c, tok)
-        for t, tr, info in zip(chunk, trajs, infos):
+        for t, (_, fr), tr, info in zip(chunk, seen, trajs, infos):
             report.tried += 1
             report.kinds_tried[bug_kind(t)] += 1
             if info.get("infra"):
@@ -166,6 +212,8 @@ def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[li
                 report.kept += 1
                 report.kinds_kept[bug_kind(t)] += 1
                 report.summaries += int(tr.stats.get("summaries", 0))
+                anchors = [read_anchor(h, fr)[2] for h in patch_hunks(str(t.metadata["patch"]))]
+                report.reads, report.frame_reads = report.reads + len(anchors), report.frame_reads + sum(anchors)
                 report.rows += len(segs)
                 report.tokens += int(sum(int(m.sum()) for _, m in segs))
             bar.update(1)
@@ -175,8 +223,12 @@ def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[li
 
 def demo_key(tasks, c) -> str:
     """The fingerprint of a set of demonstrations: the instances (id, prompt, image, gold patch,
-    tests), the agent's settings and the tokenizer, i.e. everything a built row depends on."""
+    tests), the agent's settings, the tokenizer and the demonstrator itself (the source of the
+    functions that write its turns, and their constants), i.e. everything a built row depends on."""
     h = hashlib.sha256()
+    for f in (demo_script, read_anchor, print_command, edit_strings, library_frames):
+        h.update(inspect.getsource(f).encode())
+    h.update(json.dumps([SUITE_RUN, READ_MARGIN, READ_RADIUS, EDIT_CONTEXT, FRAME_RE.pattern]).encode())
     for t in tasks:
         m = t.metadata
         h.update(json.dumps([t.id, t.prompt, t.image, str(m.get("patch", "")),
@@ -243,7 +295,8 @@ def turn_probe(params, turns, c, tok, *, batch: int = 16, temperature: float = 0
     demonstrations the policy was not trained on, every observation real) at `temperature` (0:
     greedy), each up to its turn's length plus 16 tokens within `model.max_seq_len`. Returns the
     fractions of decodes that are well-formed (`turn_kind` not malformed), of the demonstrated kind
-    (same tool, final or summary), and identical to the demonstration."""
+    (same tool, final or summary), and identical to the demonstration; over the demonstrated edits,
+    the fractions well-formed and whose ``old_str`` is the demonstration's (the copy is right)."""
     fmt, cap = tool_format(str(c.agent.tool_format)), int(c.model.max_seq_len)
     order = sorted(range(len(turns)), key=lambda i: len(turns[i][0]))
     sc = sampler.sampler_config(c, temperature=float(temperature))
@@ -258,6 +311,18 @@ def turn_probe(params, turns, c, tok, *, batch: int = 16, temperature: float = 0
             got[i] = tok.decode(list(g))
     want = [tok.decode(list(t)) for _, t in turns]
     kinds = [(turn_kind(fmt, g), turn_kind(fmt, w)) for g, w in zip(got, want)]
-    return dict(turn_wellformed=float(np.mean([k != "malformed" for k, _ in kinds])),
-                turn_same_kind=float(np.mean([k == w for k, w in kinds])),
-                turn_exact=float(np.mean([g.strip() == w.strip() for g, w in zip(got, want)])))
+    out = dict(turn_wellformed=float(np.mean([k != "malformed" for k, _ in kinds])),
+               turn_same_kind=float(np.mean([k == w for k, w in kinds])),
+               turn_exact=float(np.mean([g.strip() == w.strip() for g, w in zip(got, want)])))
+    edits = [i for i, (_, w) in enumerate(kinds) if w == "call:edit_file"]   # the calls that copy the most
+    if edits:
+        out.update(edit_wellformed=float(np.mean([kinds[i][0] != "malformed" for i in edits])),
+                   edit_old_exact=float(np.mean([_arg(fmt, got[i], "old_str") == _arg(fmt, want[i], "old_str")
+                                                 for i in edits])))
+    return out
+
+
+def _arg(fmt, text: str, key: str) -> str | None:
+    """A call's raw argument `key` (None when the turn is not a call that has it)."""
+    act = fmt.parse_action(text)
+    return act.args.get(key) if getattr(act, "kind", "") == "call" else None

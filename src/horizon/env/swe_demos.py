@@ -33,6 +33,7 @@ from horizon.env.families import Family
 from horizon.env.rollouts import SandboxPool, rollout_batch, task_image
 from horizon.inference import sampler
 from horizon.sandbox.base import WORKSPACE, SandboxError
+from horizon.taskgen.repos import is_test_path
 from horizon.tasks.diagnosis import bug_kind
 from horizon.tasks.swebench import Hunk, patch_files, patch_hunks
 from horizon.tasks.task import Task
@@ -72,9 +73,9 @@ FRAME_RE = re.compile(r"^(\S+\.py):(\d+): in ", re.M)      # a frame of pytest's
 
 
 def library_frames(output: str) -> list[tuple[str, int]]:
-    """(path, line) of the frames of a pytest run's output outside the tests, outermost first."""
-    return [(p, int(n)) for p, n in FRAME_RE.findall(output)
-            if not (p.startswith("tests/") or "/tests/" in p or p.rsplit("/", 1)[-1].startswith("test_"))]
+    """(path, line) of the frames of a pytest run's output outside test code (the generator's
+    `is_test_path`, so never where it mutates), outermost first."""
+    return [(p, int(n)) for p, n in FRAME_RE.findall(output) if not is_test_path(p)]
 
 
 def read_anchor(h: Hunk, frames: list[tuple[str, int]]) -> tuple[int, int, bool]:
@@ -135,9 +136,10 @@ def gold_files(sandbox, task: Task) -> dict[str, str]:
     return out
 
 
-def first_look(sandbox, task: Task, timeout: float = 120.0) -> tuple[dict[str, str], list[tuple[str, int]]]:
+def first_look(sandbox, task: Task, timeout: float) -> tuple[dict[str, str], list[tuple[str, int]]]:
     """What the demonstrator knows before it acts: `gold_files` and the library frames of the suite
-    run it will make first (`SUITE_RUN`, run here once; none if the run fails to start)."""
+    run it will make first (`SUITE_RUN`, run here once with the agent's tool `timeout`; no frames if
+    the run fails to start)."""
     try:
         frames = library_frames(sandbox.exec(SUITE_RUN, timeout=timeout).output)
     except SandboxError:
@@ -196,7 +198,7 @@ def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[li
     bar = progress(total=len(tasks), desc="swe demos", unit="demo")
     for chunk in prompt_chunks(tasks, len(pool.boxes)):
         seen = pool.map(lambda j, t: first_look(pool.ready(j, family.reset_step(t), task_image(family, t), task=t),
-                                                t), range(len(chunk)), chunk)
+                                                t, float(c.agent.tool_timeout_s)), range(len(chunk)), chunk)
         policy = ScriptedPolicy({t.prompt: demo_script(t, f, fr) for t, (f, fr) in zip(chunk, seen)}, tok)
         trajs, _, infos = rollout_batch(family, chunk, policy, pool, c, tok)
         for t, (_, fr), tr, info in zip(chunk, seen, trajs, infos):
@@ -213,7 +215,8 @@ def swebench_demos(family: Family, tasks, pool: SandboxPool, c, tok) -> tuple[li
                 report.kinds_kept[bug_kind(t)] += 1
                 report.summaries += int(tr.stats.get("summaries", 0))
                 anchors = [read_anchor(h, fr)[2] for h in patch_hunks(str(t.metadata["patch"]))]
-                report.reads, report.frame_reads = report.reads + len(anchors), report.frame_reads + sum(anchors)
+                report.reads += len(anchors)
+                report.frame_reads += sum(anchors)
                 report.rows += len(segs)
                 report.tokens += int(sum(int(m.sum()) for _, m in segs))
             bar.update(1)

@@ -152,6 +152,10 @@ def add_trainer_fields(r: ml_collections.ConfigDict) -> None:
         remote_timeout_s=600.0,
         remote_retries=4,         # a connection error or 5xx retried this often (doubling waits), then an error
         remote_expert_ids=True,   # ask for the routed experts of every token (horizon's server; router replay)
+        # --- the sampler's numerics, where they differ from the trainer's as an inference engine's do
+        #     (sampler.sampler_numerics; the router-replay study, configs/sweeps/router_replay.py)
+        compute_dtype="",         # the engine's compute dtype ("" = model.dtype; "bfloat16": a bf16 engine)
+        router_noise=0.0,         # std of deterministic per-token noise on the engine's router logits (0 = none)
     ))
     # --- batch layout (horizon.rl.algo.batch.build_batch)
     r.batch = ml_collections.ConfigDict(dict(
@@ -231,6 +235,9 @@ def experiment_config() -> ml_collections.ConfigDict:
     #                                   "inbox" (required) or "docker-exec" (one exec per action; docs/SANDBOX.md)
     e.verify_timeout_s = 20.0
     e.plot = True
+    e.ledger = ""                     # a study ledger (docs/results/<study>.jsonl, from the repository root): the
+    #                                   step-0 and final evals' episodes appended as arm `arm` (horizon.studies.arms)
+    e.arm = ""                        # this run's arm label in that ledger (a sweep member's settings)
     # --- SFT warm start on scripted solutions (next-token CE on assistant tokens only)
     e.sft = ml_collections.ConfigDict(dict(
         clean_steps=1000,             # stage 1 (warmstart.config_edit_warm_start): correct demos, so the
@@ -242,6 +249,8 @@ def experiment_config() -> ml_collections.ConfigDict:
         corrupt_prob=0.5,             # imperfect demonstrations: this fraction carries a wrong value ...
         corrupt="next",               # ... the next one (a systematic off-by-one; "random": a uniform guess)
         log_every=50,
+        init_from="",                 # a finished SFT checkpoint directory (e.g. runs/rl_tiny/sft) every arm of a
+        #                               study starts from, made there by this SFT if missing ("" = SFT in out_dir)
         optim=ml_collections.ConfigDict(dict(
             lr=1e-2, warmup_steps=20, min_lr_ratio=0.1, weight_decay=0.0,
             b1=0.9, b2=0.95, eps=1e-8, grad_clip=1.0, mtp_loss_weight=0.0, mtp_freeze_trunk=False)),

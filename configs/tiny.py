@@ -35,6 +35,8 @@ def model_config() -> ml_collections.ConfigDict:
     m.routed_scaling_factor = 2.5
     m.router_bias_update_rate = 1e-3  # aux-loss-free balancing step (DeepSeek-V3 gamma)
     m.replay_plausibility_ratio = 0.0  # 0 disables the router-replay plausibility filter
+    m.replay_plausibility_score = "gate"  # the filter's score: "gate" (affinity) | "selection" (bias-adjusted)
+    m.router_logit_noise = 0.0    # std of the router-logit noise (a sampler's, via rl.sampler.router_noise; moe.py)
     m.rms_norm_eps = 1e-6
     m.rope_theta = 10000.0
     m.max_seq_len = 512           # HF max_position_embeddings

@@ -32,7 +32,9 @@ Bad config values, a train step too big for the machine (`rl.memory_check`) and 
 RL stop in one line, exit code 2, before anything starts. Outputs in `exp.out_dir`:
 config.json, metrics.jsonl (one record per SFT log / RL step / eval, `phase` field) and the same as TensorBoard
 events (`tensorboard --logdir runs`; W&B with exp.wandb.project), orbax checkpoints (sft/, ckpt/ = RLState +
-prompt sampler: a rerun resumes), rewards.png, summary.json (must-show numbers + provenance).
+prompt sampler: a rerun resumes), rewards.png, summary.json (must-show numbers + provenance). With `exp.ledger`
+(a study's docs/results/<study>.jsonl) the step-0 and final evals' episodes are appended to it as arm `exp.arm`
+(`horizon.studies.arms`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from horizon.inference import sampler
 from horizon.model import hf
 from horizon.rl.runtime import checks, loop, remote, warmstart, workers
 from horizon.rl.runtime import memory as rlmemory
+from horizon.studies import arms
 from horizon.tools.format import tool_format
 from horizon.utils import cli
 from horizon.utils.provenance import Provenance
@@ -113,6 +116,10 @@ def main(argv=None):
     finally:
         env.close()
     summary = dict(loop.gain_summary(res["evals"], log.records), wall_s=time.time() - t_start, provenance=prov.fields())
+    rows = arms.record_run(c, res["evals"], log.records, prov.fields(), run_wall_s=summary["wall_s"],
+                           command=" ".join(["experiments/rl.py", *(sys.argv[1:] if argv is None else argv)]))
+    if rows:
+        print(f"{rows} rows of arm {c.exp.arm!r} appended to {c.exp.ledger}", flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if c.exp.plot:
         rl_curve_plot(log.records, out / "rewards.png", f"RL on {family.name} tasks (Docker sandboxes, CPU)")

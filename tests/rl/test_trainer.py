@@ -14,7 +14,7 @@ from horizon.data.tokenizer import ByteTokenizer
 from horizon.model import transformer
 from horizon.model.params import numpy_init
 from horizon.rl.algo import batch as rlbatch
-from horizon.rl.algo import trainer
+from horizon.rl.algo import routing, trainer
 from horizon.utils.config import load_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def env():
         num_moe_layers=L, experts_per_tok=k, pad_id=PAD, min_rows=4, min_seq=32))
     # jit everything the tests call (eager scans over the model are slow on the shared CPUs)
     fwd = jax.jit(functools.partial(transformer.forward, cfg=cfg.model))
-    fill = jax.jit(functools.partial(trainer.fill_replay, cfg=cfg))
+    fill = jax.jit(functools.partial(routing.fill_replay, cfg=cfg))
     # on-policy sampler logprobs (what the sampler would have recorded with these experts)
     replay = fill(params, jnp.asarray(b["tokens"]), jnp.asarray(b["replay_indices"]))
     logits, _ = fwd(params, jnp.asarray(b["tokens"]), replay_indices=replay)

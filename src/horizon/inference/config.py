@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.model import transformer
+from horizon.model import layers, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.utils.config import need, need_int
 
@@ -87,6 +87,16 @@ def validate_backend(s) -> None:
     need(float(s.get("remote_timeout_s", 0)) > 0, f"{pre}.remote_timeout_s", s.get("remote_timeout_s"), "must be > 0")
 
 
+def validate_numerics(s) -> None:
+    """`rl.sampler.compute_dtype` and `router_noise` (`sampler.sampler_numerics`)."""
+    dt = str(s.get("compute_dtype", "") or "")
+    need(dt == "" or dt in layers.DTYPES, "rl.sampler.compute_dtype", dt,
+         f"must be '' (the model's dtype) or one of {sorted(layers.DTYPES)}")
+    noise = s.get("router_noise", 0.0)
+    need(isinstance(noise, (int, float)) and float(noise) >= 0, "rl.sampler.router_noise", noise,
+         "must be a number >= 0 (0 = no noise)")
+
+
 def validate_engine(c) -> None:
     """`rl.sampler`'s `engine_*` fields (`engine_config`, docs/SPEC.md §4; the rollout engine is every caller's
     sampler): sizes >= 1, a slot count that divides over the engine replicas
@@ -100,6 +110,7 @@ def validate_engine(c) -> None:
     without engine fields: nothing to check."""
     s, pre = c.rl.sampler, "rl.sampler"
     validate_backend(s)
+    validate_numerics(s)
     if "engine_slots" not in s:
         return
     for k in ENGINE_COUNTS:

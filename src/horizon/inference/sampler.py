@@ -222,9 +222,35 @@ def decode_one(params: dict, cache: dict, tok: Int[Array, " b"], pos: Int[Array,
     return cache, nxt, lp, aux["router_indices"]
 
 
+def sampler_numerics(cfg) -> dict:
+    """The model fields a sampler runs with in place of the trainer's, from a full config's `rl.sampler`:
+    `compute_dtype` ("" = the model's `dtype`) and `router_noise` (`model.router_logit_noise`, 0 = none).
+    A sampler whose numerics differ from the trainer's, as an inference engine's do (docs/SPEC.md §4.1:
+    what router replay and the stale-token corrections exist for); {} for a model config."""
+    s = cfg.rl.sampler if "rl" in cfg and "sampler" in cfg.rl else None
+    if s is None:
+        return {}
+    out = {}
+    if str(s.get("compute_dtype", "") or ""):
+        out["dtype"] = str(s.compute_dtype)
+    if float(s.get("router_noise", 0.0)) > 0:
+        out["router_logit_noise"] = float(s.router_noise)
+    return out
+
+
 def frozen_model_cfg(cfg) -> ml_collections.FrozenConfigDict:
-    """The model config as a hashable FrozenConfigDict (the jitted steps' static argument)."""
+    """The sampler's model config as a hashable FrozenConfigDict (the jitted steps' static argument):
+    the model's, with `sampler_numerics` applied."""
     c = transformer.model_cfg(cfg)
+    over = sampler_numerics(cfg)
+    if over:
+        # a copy: a FrozenConfigDict's `as_configdict()` is its own backing dict, which later freezes reread
+        d = ml_collections.ConfigDict(c.to_dict()) if isinstance(c, ml_collections.FrozenConfigDict) \
+            else c.copy_and_resolve_references()
+        with d.unlocked():
+            for k, v in over.items():
+                d[k] = v
+        c = d
     return c if isinstance(c, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(c)
 
 

@@ -27,10 +27,17 @@ still computed from the router's own scores ``s`` at the replayed experts, so th
 gradients. A token whose row holds any negative entry (use -1) is not replayed: it keeps the router's
 own choice (tokens without recorded routing; also "no replay" inside one compiled function, which makes
 replayed-vs-not comparisons bit-exact).
-Plausibility filter (``replay_plausibility_ratio`` = rho > 0): a replayed expert ``e``
-with biased selection score ``u_e < rho * u_(k)`` (``u_(k)`` = the router's own k-th best eligible
-selection score, after group limiting) is replaced by the router's best eligible expert not already
-in the (current) chosen set; slots are processed left to right.
+Plausibility filter (``replay_plausibility_ratio`` = rho > 0): a replayed expert ``e`` whose score
+is below ``rho`` times the router's own k-th best eligible score (after group limiting) is replaced
+by the best eligible expert not already in the (current) chosen set; slots are processed left to
+right. ``replay_plausibility_score`` says which score: "gate" (default) the affinity ``s`` the gate
+weights are made of, "selection" the bias-adjusted ``u`` (the bias only balances load, so an
+expert the balancer favours would pass on its bias alone).
+
+Router noise (``router_logit_noise`` = sigma > 0): the logits get ``sigma * (x / |x|) @ R`` with one
+fixed Gaussian matrix ``R`` [embed, experts] (`router_noise`): per-token noise of standard
+deviation sigma on each logit, deterministic in ``x``. Only a sampler sets it, to emulate an
+inference engine whose routing differs from the trainer's (docs/SPEC.md §4.1, `rl.sampler.router_noise`).
 """
 
 from __future__ import annotations
@@ -130,7 +137,8 @@ def plausibility_filter(
     replay: Int[Array, "tokens k"], u: Float[Array, "tokens experts"], u_eligible: Float[Array, "tokens experts"],
     ratio: float
 ) -> Int[Array, "tokens k"]:
-    """Replace replayed experts whose selection score ``u < ratio * (router's k-th best eligible u)``."""
+    """Replace replayed experts whose score ``u < ratio * (the k-th best eligible score)`` by the best
+    eligible expert not yet chosen (``u``: the gate or the selection score, module docstring)."""
     k = replay.shape[1]
     E = u.shape[1]
     kth = jax.lax.top_k(u_eligible, k)[0][:, -1]
@@ -145,12 +153,38 @@ def plausibility_filter(
     return idx
 
 
+ROUTER_NOISE_SEED = 20261207     # the fixed matrix of `router_noise`
+PLAUSIBILITY_SCORES = ("gate", "selection")
+
+
+def router_noise(x: Float[Array, "tokens embed"], num_experts: int, sigma: float) -> Float[Array, "tokens experts"]:
+    """``sigma * (x / |x|) @ R``, ``R`` [embed, experts] a Gaussian draw fixed by `ROUTER_NOISE_SEED` with
+    columns rescaled to norm sqrt(embed): each logit moves by noise of std sigma for directions of ``x``
+    spread over the embedding (whatever the scale of ``x``), different per token, the same per ``x``."""
+    xf = x.astype(jnp.float32)
+    d = x.shape[-1]
+    r = jax.random.normal(jax.random.key(ROUTER_NOISE_SEED), (d, num_experts), jnp.float32)
+    r = r * jnp.sqrt(d / jnp.sum(r * r, axis=0, keepdims=True))     # columns of norm sqrt(d): exact scale
+    unit = xf * jax.lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + 1e-30)
+    return sigma * (unit @ r)
+
+
+def _filter_scores(s: jax.Array, u: jax.Array, u_eligible: jax.Array, cfg) -> tuple[jax.Array, jax.Array]:
+    """(score, eligible score) the plausibility filter compares (module docstring)."""
+    if str(cfg.get("replay_plausibility_score", "gate")) == "selection":
+        return u, u_eligible
+    return s, jnp.where(jnp.isneginf(u_eligible), -jnp.inf, s)
+
+
 def route(
     p: dict, x: Float[Array, "tokens embed"], *, cfg, replay_indices: Int[Array, "tokens k"] | None = None
 ) -> tuple[Float[Array, "tokens k"], Int[Array, "tokens k"]]:
     """Gate weights (float32, differentiable w.r.t. the router) and chosen expert indices (int32)."""
     k = cfg.num_experts_per_tok
     logits = x.astype(jnp.float32) @ p["router"].astype(jnp.float32)
+    sigma = float(cfg.get("router_logit_noise", 0.0))
+    if sigma > 0:
+        logits = logits + jax.lax.stop_gradient(router_noise(x, logits.shape[-1], sigma))
     s = jax.nn.sigmoid(logits)
     u = s + jax.lax.stop_gradient(p["router_bias"].astype(jnp.float32))
     u_eligible = _group_limit(u, cfg)
@@ -164,8 +198,8 @@ def route(
         replayed = jnp.all(rep >= 0, axis=1, keepdims=True)  # tokens with any -1 keep the router's choice
         idx = jnp.where(replayed, rep, own)
         if cfg.replay_plausibility_ratio > 0:
-            filtered = plausibility_filter(idx, jax.lax.stop_gradient(u), jax.lax.stop_gradient(u_eligible),
-                                           float(cfg.replay_plausibility_ratio))
+            score, eligible = _filter_scores(*jax.lax.stop_gradient((s, u, u_eligible)), cfg)
+            filtered = plausibility_filter(idx, score, eligible, float(cfg.replay_plausibility_ratio))
             idx = jnp.where(replayed, filtered, own)
     w = jnp.take_along_axis(s, idx, axis=1)
     if cfg.norm_topk_prob:

@@ -57,6 +57,11 @@ def validate_config(cfg) -> None:
                  f"topk_group*experts_per_group={c.topk_group * (E // c.n_group)} < num_experts_per_tok={k}")
         need(c.num_shared_experts >= 0, "num_shared_experts must be >= 0")
         need(c.replay_plausibility_ratio >= 0, "replay_plausibility_ratio must be >= 0")
+        need(c.get("replay_plausibility_score", "gate") in moe.PLAUSIBILITY_SCORES,
+             f"replay_plausibility_score={c.get('replay_plausibility_score')!r} is unknown "
+             f"(one of {moe.PLAUSIBILITY_SCORES})")
+        need(float(c.get("router_logit_noise", 0.0)) >= 0,
+             f"router_logit_noise must be >= 0, got {c.get('router_logit_noise')}")
         need(c.moe_precision in moe.PRECISIONS_IMPLEMENTED + moe.PRECISIONS_PLANNED,
              f"moe_precision={c.moe_precision!r} is unknown "
              f"(one of {moe.PRECISIONS_IMPLEMENTED + moe.PRECISIONS_PLANNED})")

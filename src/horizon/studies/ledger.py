@@ -22,6 +22,10 @@ instances of the train repositories, or the held-out repositories), task_id, rep
 pass_index, solved, turns, tool_calls, malformed_calls, summaries, failure_mode, right_file,
 right_hunk and provenance.
 
+An ``arm`` row (an RL run of a study whose arms are runs, `horizon.studies.arms`) holds: schema, study,
+seed, arm, phase (`SWE_PHASES`: step 0's SFT policy, the post-RL policy), step, task_id, pass_index,
+solved, completion_tokens, tool_calls, turns, train (the run's training diagnostics) and provenance.
+
 Extra fields (e.g. ``run_wall_s``, ``command``) are allowed and kept.
 """
 
@@ -91,6 +95,12 @@ class Schema:
 SWE_PHASES = ("sft", "rl")
 SWE_SPLITS = ("unseen", "heldout")
 SWE_COUNTS = ("pass_index", "turns", "tool_calls", "malformed_calls", "summaries")
+ARM_COUNTS = ("pass_index", "step", "completion_tokens", "tool_calls", "turns")
+
+
+def _calls_within_episode(row: dict) -> None:
+    if row["tool_calls"] > row["turns"]:
+        raise ValueError(f"field 'tool_calls' ({row['tool_calls']}) exceeds turns ({row['turns']})")
 SCHEMAS = {
     "selfsum": Schema(FIELDS, KEY_FIELDS, PHASES, ("trigger", "pass_index", *COUNTS), _kept_within_seen),
     "swe": Schema(dict(schema="str", study="str", seed="int", phase="str", split="str", task_id="str", repo="str",
@@ -98,6 +108,11 @@ SCHEMAS = {
                        right_file="bool", right_hunk="bool", provenance="dict"),
                   ("schema", "study", "seed", "phase", "split", "task_id", "pass_index"), SWE_PHASES, SWE_COUNTS,
                   _calls_within_turns),
+    "arm": Schema(dict(schema="str", study="str", seed="int", arm="str", phase="str", step="int", task_id="str",
+                       pass_index="int", solved="bool", **{k: "int" for k in ARM_COUNTS[2:]}, train="dict",
+                       provenance="dict"),
+                  ("schema", "study", "seed", "arm", "phase", "task_id", "pass_index"), SWE_PHASES, ARM_COUNTS,
+                  _calls_within_episode),
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from horizon.eval.report import markdown_table
-from horizon.studies import swe_results
+from horizon.studies import arms, swe_results
 from horizon.studies.gains import paired_gain, phase_row
 from horizon.studies.ledger import PHASES, SCHEMAS, schema_of
 from horizon.studies.results_fmt import ci, num, seeds_cell, signed
@@ -146,12 +146,15 @@ def provenance_line(rows: Sequence[dict]) -> str:
 def study_section(study: str, rows: Sequence[dict], notes: str | None, *, samples: int, level: float,
                   seed: int) -> str:
     """A study's tables (a self-summarization study: per trigger, sorted; the real-repository
-    pipeline: `swe_results.section`), its provenance line and its notes (verbatim)."""
+    pipeline: `swe_results.section`; RL runs as arms: `arms.section`), its provenance line and its notes
+    (verbatim)."""
     out = [f"## {study}\n"]
     if not rows:
         out.append("No rows yet.\n")
     elif schema_of(rows[0]) is SCHEMAS["swe"]:
         out.append(swe_results.section(rows, samples=samples, level=level, seed=seed))
+    elif schema_of(rows[0]) is SCHEMAS["arm"]:
+        out.append(arms.section(rows, samples=samples, level=level, seed=seed))
     for trigger in sorted({r["trigger"] for r in rows if "trigger" in r}):
         sub = [r for r in rows if r["trigger"] == trigger]
         kw = dict(samples=samples, level=level, seed=seed)

@@ -23,7 +23,8 @@ from horizon.utils.shapes import bucket
 
 SUMMED = ("loss", "pg_loss", "kl_loss")          # weighted like the loss
 ROW_MEANS = ("adv_mean", "adv_abs_mean")         # means over (padded) rows
-MASK_MEANS = ("entropy", "logprob_mean", "sampler_logprob_diff")   # means over loss_mask tokens; the
+MASK_MEANS = ("entropy", "logprob_mean", "sampler_logprob_diff",   # means over loss_mask tokens (the
+              "routing/own_vs_sampler", "routing/trained_vs_sampler")  # routing ones: those with a record); the
 #                                     loss's own means are over its (overlong-masked) `num_tokens`
 COUNTS = ("num_tokens", "tokens", "rows")        # summed over micro-batches (and `stale/lag_*`)
 
@@ -84,7 +85,7 @@ def micro_batch(batch: dict, i: int, buckets: tuple[int, ...]) -> dict:
 
 def combine(ms: list[dict], w: np.ndarray, mask_counts: np.ndarray) -> dict[str, float]:
     """The micro-batches' metrics (host floats) as the one-pass step reports them: loss terms weighted
-    like the loss (`w`), `COUNTS` summed, `ratio_max` maxed, `min_policy_version`
+    like the loss (`w`), `COUNTS` summed, `*_max` maxed, `min_policy_version`
     minimised, row means averaged, loss-mask means weighted by each micro-batch's loss-mask count
     (`mask_counts`), the loss's own token means by its `num_tokens`."""
     share = lambda n: n / max(float(n.sum()), 1.0)  # noqa: E731
@@ -97,7 +98,7 @@ def combine(ms: list[dict], w: np.ndarray, mask_counts: np.ndarray) -> dict[str,
             out[k] = float(np.sum(w * v))
         elif k in COUNTS or k.startswith("stale/lag_"):
             out[k] = float(np.sum(v))
-        elif k == "ratio_max":
+        elif k.endswith("_max"):
             out[k] = float(np.max(v))
         elif k == "min_policy_version":
             out[k] = float(np.min(v))

@@ -59,7 +59,7 @@ from jaxtyping import Array, Bool, Float, Int
 from horizon.model import head, moe, transformer
 from horizon.parallel import mesh as pmesh
 from horizon.parallel import sharded
-from horizon.rl.algo import accumulate, losses
+from horizon.rl.algo import accumulate, losses, routing
 from horizon.rl.algo.batch import ROW_FIELDS
 from horizon.train import optim
 
@@ -152,16 +152,6 @@ def _shift_right(x: Array) -> Array:
     return jnp.concatenate([jnp.zeros((x.shape[0], 1), jnp.float32), x.astype(jnp.float32)], axis=1)
 
 
-def fill_replay(params, tokens, replay, *, cfg):
-    """Replace -1 entries (tokens with no recorded experts) by the router's own top-k choice (the
-    trunk only: routing needs no head)."""
-    if replay is None or replay.shape[0] == 0:
-        return replay
-    has = jnp.all(replay >= 0, axis=-1, keepdims=True)
-    _, aux = transformer.hidden_states(jax.lax.stop_gradient(params), tokens, cfg=cfg.model)
-    return jnp.where(has, replay, aux["router_indices"]).astype(jnp.int32)
-
-
 def masked_router_load(indices: Int[Array, "l t k"], valid: Float[Array, " t"], num_experts: int):
     """Per-layer expert load [L_moe, E] counting only real tokens (padding excluded)."""
     w = jnp.broadcast_to(valid[None, :, None], indices.shape).astype(jnp.float32)
@@ -200,8 +190,9 @@ def loss_from_logprobs(
     mask = batch["loss_mask"].astype(jnp.float32)
     m["entropy"] = jax.lax.stop_gradient(jnp.sum(ent * mask) / jnp.maximum(mask.sum(), 1.0))
     m["logprob_mean"] = jax.lax.stop_gradient(jnp.sum(lp * mask) / jnp.maximum(mask.sum(), 1.0))
-    m["sampler_logprob_diff"] = jax.lax.stop_gradient(
-        jnp.sum(jnp.abs(lp - batch["sampler_logprobs"]) * mask) / jnp.maximum(mask.sum(), 1.0))
+    gap = jax.lax.stop_gradient(jnp.abs(lp - batch["sampler_logprobs"]))
+    m["sampler_logprob_diff"] = jnp.sum(gap * mask) / jnp.maximum(mask.sum(), 1.0)
+    m["sampler_logprob_diff_max"] = jnp.max(gap * mask)
     return loss, m
 
 
@@ -233,10 +224,18 @@ def _reward_metrics(batch) -> dict:
 def _loss_grads_load(params, ref_params, batch: dict, *, cfg):
     """(metrics, grads, router load [L_moe, E] or None) of one batch or micro-batch."""
     rl = cfg.rl
-    replay = batch["replay_indices"] if bool(rl.router_replay) else None
-    replay = fill_replay(params, batch["tokens"], replay, cfg=cfg) if replay is not None else None
+    recorded = batch["replay_indices"]
+    moe_layers = recorded.shape[0] > 0
+    replaying = bool(rl.router_replay)
+    own = routing.own_routing(params, batch["tokens"], cfg=cfg) if replaying and moe_layers else None
+    replay = routing.fill_replay(params, batch["tokens"], recorded, cfg=cfg, own=own) if replaying else None
     grad_fn = jax.value_and_grad(rl_loss, has_aux=True)
     (_, (m, aux)), grads = grad_fn(params, batch, cfg=cfg, ref_params=ref_params, replay=replay)
+    if moe_layers:     # the trainer's own routing vs the sampler's, and the routing it trained with
+        trained = aux["router_indices"]
+        m["routing/own_vs_sampler"] = routing.disagreement(trained if own is None else own, recorded,
+                                                           batch["loss_mask"])
+        m["routing/trained_vs_sampler"] = routing.disagreement(trained, recorded, batch["loss_mask"])
     load = None
     if bool(rl.update_router_bias) and transformer.layer_counts(cfg.model)[1] > 0:
         load = masked_router_load(aux["router_indices"], batch["valid"].reshape(-1), cfg.model.num_experts)

@@ -225,6 +225,10 @@ def validate_experiment(c, env) -> None:
     need_int(ev, "every", "exp.eval", lo=0)
     need_float(ev, "temperature", "exp.eval", 0.0)
     need(bool(str(e.out_dir)), "exp.out_dir", e.out_dir, "must name a run directory")
+    if "strategies" not in e and str(e.get("ledger", "") or ""):      # an arm of a study (horizon.studies.arms)
+        need(str(e.ledger).endswith(".jsonl"), "exp.ledger", e.ledger,
+             "must be a .jsonl path (docs/results/<study>.jsonl)")
+        need(bool(str(e.get("arm", "") or "")), "exp.arm", e.get("arm"), "must label the run's arm in exp.ledger")
     if "strategies" in e:
         need(len(e.strategies) > 0, "exp.strategies", e.strategies, "must name at least one strategy")
         for s in tuple(e.sft.get("clean_strategies", ())):

@@ -62,12 +62,13 @@ def start_run(c: ml_collections.ConfigDict):
 def evaluate(env, params, tasks, c, tok, key, version: int, push=None) -> dict:
     """`c.exp.eval.passes` sampled passes over `tasks` through the eval harness in `env`'s pooled
     sandboxes (`harness.pooled_setup`, `harness.run_eval`): `harness.pass_summary`'s mean,
-    std over passes (the eval noise), best-of-passes, per-pass means and efficiency."""
+    std over passes (the eval noise), best-of-passes, per-pass means and efficiency, and the episode
+    ``records`` (kept in the run's result for a study ledger, `horizon.studies.arms`; not logged)."""
     ev = c.exp.eval
     policy = engine_policy.rollout_policy(sampler.ParamsHolder(params, version=version), c, key,
                                           temperature=float(ev.temperature), push=push)
     records = harness.run_eval(policy, tasks, harness.pooled_setup(env, tok, int(ev.passes)), policy_name=f"v{version}")
-    return harness.pass_summary(records)
+    return dict(harness.pass_summary(records), records=records)
 
 
 def heldout_evaluator(env, tasks, c, tok, push=None) -> Callable[[Any, int], dict]:
@@ -152,7 +153,7 @@ def _eval_and_log(evaluate, params, step: int, log: Log, run: dict, tag: str) ->
     e = dict(evaluate(params, step), phase="eval", step=step, eval_s=time.time() - t0, **run)
     compiled = compiles.meter().snapshot().minus(c0)
     e.update(compiled.record("time/compile_"))
-    log(e)
+    log({k: v for k, v in e.items() if k != "records"})
     if isinstance(log, MetricsWriter) and e.get("heldout_passes"):
         log.table("eval/passes", [dict(step=step, pass_index=i, success=x) for i, x in enumerate(e["heldout_passes"])],
                   step, run=run.get("run"))

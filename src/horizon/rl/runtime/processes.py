@@ -102,8 +102,9 @@ def _step_record(step: int, slots, recs, m: dict, stats: list, *, wait_s: float,
                 publish=[dict(version=s.version, kind=s.kind, ratio=s.ratio, bytes=s.file_bytes,
                               seconds=s.seconds) for s in stats[-2:]],
                 **sandbox_use([i for r in recs for i in r.infos]),
-                **{k: m[k] for k in m if k in ("loss", "grad_norm", "entropy", "sampler_logprob_diff")
-                   or k.startswith(("pack/", "infra/"))})
+                **{k: m[k] for k in m if k in ("loss", "grad_norm", "entropy", "sampler_logprob_diff",
+                                               "sampler_logprob_diff_max")
+                   or k.startswith(("pack/", "infra/", "routing/"))})
 
 
 # ----------------------------------------------------------------------------- rollout process

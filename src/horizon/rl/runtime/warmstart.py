@@ -173,7 +173,13 @@ def warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *,
     """experiments/rl.py's starting params: the SFT warm start (`config_edit_warm_start`; for the
     ``swebench`` family `swebench_warm_start`, in `pool` if given), or for a task set with
     ``exp.n_sft_tasks = 0`` (no demonstrations) the initial params (`initial_params`:
-    `model.init_from` or a fresh init)."""
+    `model.init_from` or a fresh init). With ``exp.sft.init_from`` set, the finished SFT checkpoint
+    there instead (config_edit: made there first if missing, `ensure_sft_checkpoint`)."""
+    shared = str(c.exp.sft.get("init_from", "") or "")
+    if shared:                  # one SFT checkpoint for every arm of a study (made here if it is missing)
+        if family.name != "swebench":
+            ensure_sft_checkpoint(c, shared)
+        return load_sft_params(c, shared)
     if family.name == "swebench":
         if int(c.exp.n_sft_tasks) == 0:
             return initial_params(c, key_init)

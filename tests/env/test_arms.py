@@ -1,0 +1,89 @@
+"""A study whose arms are RL runs (horizon.studies.arms): the rows a run appends, their validation and
+identity, and the section's numbers by hand. Plain numpy; no JAX compiles."""
+
+import pathlib
+
+import ml_collections
+import pytest
+
+from horizon.eval.sweep import load_sweep
+from horizon.studies import arms, ledger, results_md
+
+PROV = dict(git_commit="0123456789abcdef0123", git_dirty=False, started_at="2026-01-02T03:04:05+00:00", host="h")
+
+
+def records(solved: list[bool], tokens: int = 50) -> list[dict]:
+    """`loop.evaluate` episode records of 2 tasks x len(solved) / 2 passes."""
+    return [dict(task_id=f"t{i % 2}", pass_index=i // 2, solved=s, completion_tokens=tokens + i, tool_calls=1, turns=1)
+            for i, s in enumerate(solved)]
+
+
+def run(arm="a", seed=0, start=(False, False, True, False), end=(True, True, True, False), diff=0.01):
+    evals = {0: dict(records=records(list(start))), 40: dict(records=records(list(end), tokens=30))}
+    steps = [dict(phase="rl", reward_mean=0.5 + 0.1 * i, sampler_logprob_diff=diff, sampler_logprob_diff_max=0.1,
+                  **{"routing/own_vs_sampler": 0.2, "routing/trained_vs_sampler": 0.0}) for i in range(3)]
+    return arms.run_rows(evals, [dict(phase="eval"), *steps], study="s", arm=arm, seed=seed, provenance=PROV,
+                         command="experiments/rl.py --config=configs/rl_tiny.py")
+
+
+def test_a_run_gives_rows_of_its_first_and_last_eval_with_its_training_means():
+    rows = run()
+    assert [(r["phase"], r["step"]) for r in rows] == [("sft", 0)] * 4 + [("rl", 40)] * 4
+    assert all(r["train"] == pytest.approx(dict(reward_mean=0.6, sampler_logprob_diff=0.01,
+                                                sampler_logprob_diff_max=0.1, steps=3,
+                                                **{"routing/own_vs_sampler": 0.2, "routing/trained_vs_sampler": 0.0}))
+               for r in rows)
+    for r in rows:
+        ledger.validate_row(r)
+
+
+def test_arm_rows_validate_and_a_rerun_replaces_its_arm(tmp_path):
+    book = tmp_path / "s.jsonl"
+    bad = dict(run()[0], tool_calls=2)
+    with pytest.raises(ValueError, match="field 'tool_calls' \\(2\\) exceeds turns"):
+        ledger.append_rows(book, [bad])
+    ledger.append_rows(book, run("a") + run("b"))
+    ledger.append_rows(book, run("a", end=(False,) * 4))
+    rows = ledger.read_rows(book)
+    assert len(rows) == 16
+    assert sum(r["solved"] for r in rows if r["arm"] == "a" and r["phase"] == "rl") == 0
+
+
+def test_record_run_needs_a_ledger_and_names_the_study_by_its_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(arms, "REPO", tmp_path)
+    c = ml_collections.ConfigDict(dict(seed=1, exp=dict(ledger="", arm="x")))
+    evals = {0: dict(records=records([True, False])), 5: dict(records=records([True, True]))}
+    assert arms.record_run(c, evals, [], PROV) == 0
+    c.exp.ledger = "docs/results/mini.jsonl"
+    assert arms.record_run(c, evals, [], PROV, command=f"{tmp_path}/experiments/rl.py --config={tmp_path}/c.py") == 4
+    rows = ledger.read_rows(tmp_path / "docs/results/mini.jsonl")
+    assert {(r["study"], r["arm"], r["seed"], r["command"]) for r in rows} == {
+        ("mini", "x", 1, "experiments/rl.py --config=c.py")}          # a sweep's absolute paths, made relative
+
+
+def test_section_numbers_by_hand():
+    rows = run("a") + run("b", end=(False, False, True, False), diff=0.05)
+    text = results_md.study_section("s", rows, None, samples=200, level=0.95, seed=0)
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| a") or
+             line.startswith("| b")}
+    # arm a: 1/4 solved after SFT, 3/4 after RL, paired gain +0.5; effort per solved RL episode: tokens
+    # 30, 31, 32 (passes 0, 0, 1 of tasks 0, 1, 0) -> 31.0; one call, one turn
+    assert "| 0.250 [" in lines["a"] and "| 0.750 [" in lines["a"] and "| +0.500 [" in lines["a"]
+    assert "31.000 / 1.000 / 1.000" in lines["a"] and "| 0.01 |" in lines["a"]
+    assert "| +0.000 [+0.000, +0.000] |" in lines["b"] and "| 0.05 |" in lines["b"]
+    assert "Provenance:" in text and "experiments/rl.py --config=configs/rl_tiny.py" in text
+
+
+def test_the_sweep_labels_every_arm_and_shares_one_sft():
+    settings, runs = load_sweep(pathlib.Path(__file__).resolve().parents[2] / "configs/sweeps/router_replay.py")
+    assert len({r["exp.arm"] for r in runs}) == len(runs) == 9
+    assert settings["BASE_OVERRIDES"]["exp.sft.init_from"] and settings["BASE_OVERRIDES"]["exp.ledger"]
+
+
+def test_arms_of_a_group_are_compared_with_its_first():
+    rows = run("g: base", end=(False, True, True, False)) + run("g: better") + run("solo")
+    pairs = arms.versus_first(rows, samples=200, level=0.95, seed=0)
+    # better solves t0 pass 0 where base does not: +1 of 4 paired units
+    assert pairs == [{"arm": "g: better", "against": "base", "post-RL success diff [paired CI]": pairs[0][
+        "post-RL success diff [paired CI]"], "units": "4"}]
+    assert pairs[0]["post-RL success diff [paired CI]"].startswith("+0.250 [")

@@ -34,13 +34,26 @@ def _pretrain():
     return mod
 
 
+def _corpus(root: pathlib.Path) -> list[str]:
+    """A fixed corpus (the default one is this repository's own code, which every commit changes: a new
+    file can put a router near-tie into the 20 steps and flip one expert choice between layouts)."""
+    rng = np.random.default_rng(0)
+    words = np.array(["def", "return", "self", "import", "config", "value", "model", "train", "(", ")", ":", "=",
+                      "\n", "    ", "for", "in", "if", "x", "y", "0", "1", "#", "[", "]"])
+    (root / "src").mkdir()
+    for i in range(40):
+        (root / "src" / f"f{i:02d}.py").write_text(" ".join(rng.choice(words, 1200)))
+    return [f"--config.data.root={root}", "--config.data.sources=('src',)", "--config.data.heldout_fraction=0.25"]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     drv, out = _pretrain(), {}
+    data = _corpus(tmp_path_factory.mktemp("corpus"))
     for preset in IMPLIED:
         d = tmp_path_factory.mktemp(preset or "single")
         drv.main(["--config=configs/tiny.py", f"--config.train.output_dir={d}", f"--config.mesh.preset={preset}",
-                  *SMALL])
+                  *SMALL, *data])
         recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
         out[preset] = dict(dir=d, loss=[r["loss"] for r in recs if "loss" in r],
                            summary=json.loads((d / "summary.json").read_text()))

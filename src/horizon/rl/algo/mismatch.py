@@ -26,11 +26,11 @@ from horizon.rl.algo.batch import batch_config, build_batch
 @functools.partial(jax.jit, static_argnames="cfg")
 def _trainer_view(params, tokens, recorded, *, cfg):
     """(token log-probs [r, s], own routing, trained routing) of the trainer on `tokens`."""
-    own = routing.own_routing(params, tokens, cfg=cfg)
-    replay = routing.fill_replay(params, tokens, recorded, cfg=cfg, own=own) if bool(cfg.rl.router_replay) else None
+    replay, own = routing.replay_for(params, tokens, recorded, cfg=cfg)
     hidden, aux = transformer.hidden_states(params, tokens, cfg=cfg.model, replay_indices=replay)
     lp, _ = trainer.policy_logprobs(params, hidden, tokens, cfg=cfg)
-    return lp, own, aux["router_indices"]
+    trained = aux["router_indices"]
+    return lp, trained if own is None else own, trained
 
 
 def report(params, batch: dict, *, cfg) -> dict[str, float]:

@@ -33,6 +33,18 @@ def fill_replay(params, tokens: Int[Array, "r s"], replay, *, cfg, own=None):
     return jnp.where(has, replay, own).astype(jnp.int32)
 
 
+def replay_for(params, tokens: Int[Array, "r s"], recorded, *, cfg):
+    """(the indices the trainer's forward replays, the router's own routing) under `rl.router_replay`:
+    (None, None) without replay or MoE layers' records to replay; else the recorded experts filled by
+    `own_routing` (one extra trunk forward, also returned)."""
+    if not bool(cfg.rl.router_replay):
+        return None, None
+    if recorded.shape[0] == 0:
+        return recorded, None
+    own = own_routing(params, tokens, cfg=cfg)
+    return fill_replay(params, tokens, recorded, cfg=cfg, own=own), own
+
+
 def differs(routing: Int[Array, "l t k"], recorded: Int[Array, "l t k"]) -> Bool[Array, "l t"]:
     """Whether a layer's expert set for a token differs between `routing` and `recorded` (order-free)."""
     return jnp.any(jnp.sort(routing, axis=-1) != jnp.sort(recorded, axis=-1), axis=-1)

@@ -225,13 +225,10 @@ def _loss_grads_load(params, ref_params, batch: dict, *, cfg):
     """(metrics, grads, router load [L_moe, E] or None) of one batch or micro-batch."""
     rl = cfg.rl
     recorded = batch["replay_indices"]
-    moe_layers = recorded.shape[0] > 0
-    replaying = bool(rl.router_replay)
-    own = routing.own_routing(params, batch["tokens"], cfg=cfg) if replaying and moe_layers else None
-    replay = routing.fill_replay(params, batch["tokens"], recorded, cfg=cfg, own=own) if replaying else None
+    replay, own = routing.replay_for(params, batch["tokens"], recorded, cfg=cfg)
     grad_fn = jax.value_and_grad(rl_loss, has_aux=True)
     (_, (m, aux)), grads = grad_fn(params, batch, cfg=cfg, ref_params=ref_params, replay=replay)
-    if moe_layers:     # the trainer's own routing vs the sampler's, and the routing it trained with
+    if recorded.shape[0] > 0:     # the trainer's own routing vs the sampler's, and the routing it trained with
         trained = aux["router_indices"]
         m["routing/own_vs_sampler"] = routing.disagreement(trained if own is None else own, recorded,
                                                            batch["loss_mask"])

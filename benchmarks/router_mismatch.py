@@ -20,25 +20,14 @@ import json
 
 import jax
 import ml_collections
-import numpy as np
 
 from horizon.data.tokenizer import tokenizer_from_config
-from horizon.env.families import family_from_config, make_episode
+from horizon.env.families import first_turn_contexts
 from horizon.inference import sampler
 from horizon.model import transformer
 from horizon.rl.algo import mismatch
 from horizon.rl.runtime.warmstart import load_sft_params
 from horizon.utils import cli, progress, provenance
-
-
-def prompts_of(c, n: int) -> list[np.ndarray]:
-    """The first-turn contexts of `n` held-out tasks (no sandbox: the file listing is left out)."""
-    agent = ml_collections.ConfigDict(c.agent.to_dict())
-    agent.include_file_listing = False
-    tok = tokenizer_from_config(c)
-    family = family_from_config(c.exp)
-    return [np.asarray(make_episode(family, t, None, tok, agent).context_tokens(), np.int32)
-            for t in family.tasks("heldout", n)]
 
 
 def setting(c, dtype: str, noise: float, replay: bool) -> ml_collections.FrozenConfigDict:
@@ -66,7 +55,7 @@ def main(argv=None):
         cli.fail(str(e), prog="benchmarks/router_mismatch.py")
     provenance.announce(config=dict(vars(a), overrides=overrides), seeds=[a.seed])
     params = load_sft_params(c, a.params) if a.params else transformer.init(jax.random.key(a.seed), c.model)
-    prompts = prompts_of(c, a.tasks)
+    prompts = first_turn_contexts(c, a.tasks, tokenizer_from_config(c))
     rewards = [float(i % 2) for i in range(len(prompts))]      # unused by the report; any group of rewards
     grid = [(d, n) for d in a.dtypes for n in a.noise]
     rows, ref = [], None

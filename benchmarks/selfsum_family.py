@@ -4,7 +4,9 @@
     python benchmarks/selfsum_family.py --config=configs/selfsum_rl.py --config.agent.trigger_tokens=100
 
 Per strategy of `exp.strategies`, on `exp.eval.n_tasks` held-out tasks in LocalSandboxes: the perfect
-demonstrator's success, actions, summaries and generated tokens per episode; the lossy demonstrator's
+demonstrator's success, actions, summaries, generated tokens and weighted effort x per episode (the length
+penalty's argument under `rl.length_penalty`, `horizon.env.rewards.effort`: what a penalty's scale is set
+against, configs/sweeps/length_penalty.py) with the penalty it gets; the lossy demonstrator's
 (the SFT demos' omission rule, `exp.sft.keep_prob` / `memo_keep_prob`) success and per-summary carry
 of needed facts and memos (`selfsum_metrics.memory_carry`), and the oracle wrapper around it (perfect
 summaries injected, `horizon.studies.oracle`). Also the tokens one episode holds without any rewrite,
@@ -21,6 +23,7 @@ import numpy as np
 
 from horizon.agent import run_episodes
 from horizon.data.tokenizer import tokenizer_from_config
+from horizon.env import rewards
 from horizon.env.demos import KeyRecallDemoPolicy
 from horizon.env.families import family_from_config, make_episode
 from horizon.sandbox import open_sandbox
@@ -46,6 +49,8 @@ def chains(c, tok, strategy: str, policy_of, box) -> list[dict]:
         out.append(dict(carry, reward=verify(t, box, tr.final_answer, check_edits=False).reward,
                         actions=tr.stats["tool_calls"] + (tr.end_reason == "final"), summaries=tr.stats["summaries"],
                         generated=tr.num_generated_tokens, longest=max(len(s.tokens) for s in tr.segments),
+                        effort=float(rewards.effort(tr.stats, c.rl.length_penalty)),
+                        penalty=rewards.length_penalty(tr.stats, c.rl.length_penalty),
                         total=len(tr.segments[-1].tokens)))
     return out
 
@@ -69,7 +74,8 @@ def main(argv=None):
         total = [r["total"] for r in chains(whole, tok, "self_summary", lambda s: KeyRecallDemoPolicy(tok), box)]
         print(f"tokens per episode without a rewrite: mean {np.mean(total):.0f}, min {min(total)} "
               f"= {min(total) / int(c.agent.trigger_tokens):.2f}x the trigger ({c.agent.trigger_tokens})")
-        print(f"| strategy | perfect: success, actions, summaries, generated, longest segment | lossy (keep "
+        print(f"| strategy | perfect: success, actions, summaries, generated, longest segment, effort x (penalty) "
+              f"| lossy (keep "
               f"{keep}, memo {memo}): success, needed carry, memo carry | oracle summaries over lossy: success |")
         print("|---|---|---|---|")
         for s in c.exp.strategies:
@@ -79,7 +85,8 @@ def main(argv=None):
             o = chains(c, tok, s, lambda seed, _l=lossy: OracleSummaries(_l(seed), tok), box)
             m = lambda rows, k: np.mean([r[k] for r in rows])  # noqa: E731
             print(f"| {s} | {m(p, 'reward'):.3f}, {m(p, 'actions'):.1f}, {m(p, 'summaries'):.1f}, "
-                  f"{m(p, 'generated'):.0f}, {max(r['longest'] for r in p)} | {m(q, 'reward'):.3f}, "
+                  f"{m(p, 'generated'):.0f}, {max(r['longest'] for r in p)}, {m(p, 'effort'):.1f} "
+                  f"({m(p, 'penalty'):.4f}) | {m(q, 'reward'):.3f}, "
                   f"{_carry(q, 'needed')}, {_carry(q, 'distractors')} | {m(o, 'reward'):.3f} |", flush=True)
     finally:
         box.close()

@@ -45,6 +45,8 @@ def agent_config() -> ml_collections.ConfigDict:
     a.tool_format = "horizon"         # tool-call text format (horizon.tools.format.FORMATS: "horizon" |
     #                                   "hermes"); the SFT demonstrators write "horizon"
     a.max_malformed_calls = 3         # episode ends when this many turns failed to parse
+    a.max_parallel_calls = 1          # tool calls one turn may hold, run at the same time (docs/SPEC.md §5);
+    #                                   1 = one call per turn (a second is a malformed turn)
     a.max_steps = 0                   # driver rounds before "max_steps" ends an episode; 0 = derived from the two
     #                                   above (horizon.agent.rollout.episode_step_limit)
     a.num_tool_workers = 8            # threads executing tool calls (run_episodes' pool, both schedules)

@@ -4,6 +4,7 @@
     python experiments/rl.py --config=configs/rl_tiny_bpe.py        # the same with a BPE tokenizer
     python experiments/rl.py --config=configs/rl_tiny.py --config.model.init_from=HF_CHECKPOINT_DIR
     python experiments/rl.py --config=configs/rl_swegen.py    # a SWE-bench task set, exp.task.train_path (no SFT)
+    python experiments/rl.py --config=configs/rl_keyrecall.py       # key recall: several actions per episode
 
 Environment. A byte-level tiny model cannot solve the hand-written task set, so the demo trains on a procedurally
 generated family (`horizon.tasks.synthetic`): "In settings.py set TIMEOUT to 17." (the file has TIMEOUT = 42 among
@@ -12,6 +13,8 @@ generated family (`horizon.tasks.synthetic`): "In settings.py set TIMEOUT to 17.
 (docs/SPEC.md §5 per-environment tool sets: executed for real in the sandbox, one exec), whose two
 arguments are copied from the prompt; a fast `python3 -B -c` check is the verifier. Held-out
 tasks are unseen seeds of the same family; the env has its own short system prompt (`synthetic.SYSTEM_PROMPT`).
+The key-recall families (`exp.env` key_recall / key_relay: reads, summaries, an answer) take their SFT demos from
+the self-summarization study's mix (`horizon.studies.selfsum.warm_start_demos`, over `exp.strategies`).
 
 Pipeline. 1. SFT: scripted solutions rendered in the exact agent prompt format (`horizon.agent.prompt.render`), loss on
    assistant tokens only (`horizon.train.lm.train_step`). Two stages (`warmstart.config_edit_warm_start`):
@@ -53,15 +56,19 @@ from horizon.model import hf
 from horizon.rl.runtime import checks, loop, remote, warmstart, workers
 from horizon.rl.runtime import memory as rlmemory
 from horizon.studies import arms
+from horizon.studies import selfsum as ss
 from horizon.tools.format import tool_format
 from horizon.utils import cli
 from horizon.utils.provenance import Provenance
 from horizon.utils.seeds import run_keys
 
+FAMILIES = ("config_edit", "swebench", "key_recall", "key_relay")
+KEY_FAMILIES = ("key_recall", "key_relay")      # SFT on the self-summarization study's demo mix (exp.strategies)
+
 
 def load_config(argv=None):
     """The validated config of `argv` (exit 2 with one line on bad input)."""
-    return cli.load(argv, validate=lambda c: checks.validate_experiment(c, ("config_edit", "swebench")),
+    return cli.load(argv, validate=lambda c: checks.validate_experiment(c, FAMILIES),
                     default="configs/rl_tiny.py", derive=hf.apply_init_from, doc=__doc__, prog="experiments/rl.py")
 
 
@@ -98,13 +105,14 @@ def main(argv=None):
     env = workers.family_env(c)
     print(f"{len(env.pool.boxes)} {c.exp.backend} sandboxes ready ({time.time() - t_start:.0f}s)", flush=True)
     try:
-        params = warmstart.warm_start(c, family, tok, out, log, keys["init"], pool=env.pool)
+        demos = ss.warm_start_demos(family, c, tok) if family.name in KEY_FAMILIES else None
+        params = warmstart.warm_start(c, family, tok, out, log, keys["init"], pool=env.pool, demos=demos)
         if c.exp.get("stop_after_sft", False):            # a pipeline's first command (docs/REAL_REPOS.md)
             log.close()
             print(f"SFT done in {time.time() - t_start:.0f}s: {out / 'sft'} (exp.stop_after_sft)", flush=True)
             return {}
         heldout = family.tasks("heldout", int(c.exp.eval.n_tasks))
-        if family.name != "swebench" and not (out / "ckpt").is_dir():
+        if family.name == "config_edit" and not (out / "ckpt").is_dir():
             t0 = time.time()
             chk = dict(sft_check(params, family, heldout, c, tok, keys["check"]), phase="sft_check")
             log(dict(chk, check_s=time.time() - t0))

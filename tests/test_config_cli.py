@@ -186,6 +186,8 @@ def _containers():
      r"rl\.sampler\.engine_refill_slots=99: must be <= rl\.sampler\.engine_slots=32"),
     ("rl", ["--config.exp.ledger=docs/results/x.jsonl"], r"exp\.arm='': must label the run's arm"),
     ("rl", ["--config.rl.sampler.compute_dtype=fp8"], r"rl\.sampler\.compute_dtype='fp8': must be ''"),
+    ("rl", ["--config=configs/parallel_calls.py", "--config.agent.max_parallel_calls=0"],
+     r"agent\.max_parallel_calls=0: must be in \[1, inf\]"),
     ("rl", ["--config.model.replay_plausibility_score=gates"], r"model\.replay_plausibility_score='gates'"),
     ("rl", ["--config.rl.sampler.engine_window_per_octave=3"],
      r"rl\.sampler\.engine_window_per_octave=3: must be a power of two"),

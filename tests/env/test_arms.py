@@ -87,3 +87,33 @@ def test_arms_of_a_group_are_compared_with_its_first():
     assert pairs == [{"arm": "g: better", "against": "base", "post-RL success diff [paired CI]": pairs[0][
         "post-RL success diff [paired CI]"], "units": "4"}]
     assert pairs[0]["post-RL success diff [paired CI]"].startswith("+0.250 [")
+
+
+def test_divergence_is_the_first_non_finite_or_exploding_step():
+    steps = [dict(phase="rl", step=i + 1, grad_norm=1.0 + 0.1 * (i % 3), loss=0.1, reward_mean=0.5) for i in range(30)]
+    assert arms.diverged_at(steps) is None
+    spike = [dict(r, grad_norm=11.5) if r["step"] == 17 else r for r in steps]       # > 10x the median 1.1
+    assert arms.diverged_at(spike) == 17
+    nan = [dict(r, loss=float("nan")) if r["step"] == 12 else r for r in spike]
+    assert arms.diverged_at(nan) == 12
+    s = arms.train_summary([dict(r, kl_k1=0.01) for r in spike])
+    assert s["grad_norm_max"] == 11.5 and s["diverged_at"] == 17 and s["steps"] == 30
+    assert s["reward_last"] == pytest.approx(0.5) and s["kl_k1"] == pytest.approx(0.01)
+
+
+def test_section_shows_the_diagnostics_an_arm_logged_and_its_parallel_call_rate():
+    plain = run("a")
+    assert "grad norm" not in arms.section(plain, samples=200, level=0.95, seed=0)
+    rows = []
+    for phase_rows, par in ((run("p")[:4], (0, 0, 2, 0)), (run("p")[4:], (2, 2, 2, 0))):
+        rows += [dict(r, tool_calls=3, turns=3, parallel_calls=n, train=dict(r["train"], grad_norm=1.5,
+                                                                            diverged_at=None))
+                 for r, n in zip(phase_rows, par)]
+    for r in rows:
+        ledger.validate_row(r)
+    with pytest.raises(ValueError, match="less its 2 parallel calls exceeds turns"):
+        ledger.validate_row(dict(rows[2], turns=0))
+    table = arms.section(rows, samples=200, level=0.95, seed=0)
+    # after SFT 2 of 12 calls were parallel, after RL 6 of 12: +0.333, paired over the same tasks and passes
+    assert "| 1.5 | - |" in table                     # grad norm (3 significant digits), no divergence
+    assert "0.167 -> 0.500 (+0.333 [" in table

@@ -139,3 +139,22 @@ def test_router_noise_has_the_asked_scale():
     n = np.asarray(moe.router_noise(x, 8, 0.3))
     assert n.std() == pytest.approx(0.3, rel=0.05)                            # 32k isotropic draws: ~0.4% std error
     np.testing.assert_array_equal(n, np.asarray(moe.router_noise(x, 8, 0.3)))  # deterministic in x
+
+
+def test_policy_divergence_scores_the_sampled_tokens_only(load_script):
+    """benchmarks/policy_divergence.py: KL(reference || run) at the positions that predict sampled tokens
+    (position t's distribution is over token t + 1), zero where the two distributions agree."""
+    bench = load_script("benchmarks/policy_divergence.py")
+    out = type("Out", (), {"tokens": [np.array([7, 8], np.int32), np.array([9], np.int32)]})()
+    tokens, mask = bench.padded([np.array([1, 2], np.int32), np.array([3, 4, 5], np.int32)], out, pad=0)
+    assert tokens.tolist() == [[1, 2, 7, 8], [3, 4, 5, 9]]
+    assert mask.tolist() == [[False, False, True, True], [False, False, False, True]]
+    rng = np.random.default_rng(0)
+    ref = np.asarray(jax.nn.log_softmax(rng.normal(size=(2, 4, 5))), np.float64)
+    other = ref.copy()
+    other[0, 1] = np.asarray(jax.nn.log_softmax(rng.normal(size=5)))     # predicts row 0's first sample
+    other[1, 3] = np.asarray(jax.nn.log_softmax(rng.normal(size=5)))     # predicts past the row: never scored
+    kl = bench.token_kl(ref, other, mask)
+    want = float(np.sum(np.exp(ref[0, 1]) * (ref[0, 1] - other[0, 1])))
+    assert kl.shape == (3,) and kl[0] == pytest.approx(want, rel=1e-12) and want > 0
+    assert np.all(kl[1:] == 0.0)

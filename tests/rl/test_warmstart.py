@@ -13,6 +13,7 @@ import pytest
 
 from horizon.data.tokenizer import ByteTokenizer, tokenizer_from_config
 from horizon.env import swe_demos
+from horizon.env.demos import config_edit_demos
 from horizon.env.families import family_from_config
 from horizon.rl.runtime import checks, warmstart
 from horizon.tasks.task import Task
@@ -32,6 +33,18 @@ def _cfg(**sft):
     for k, v in sft.items():
         c.exp.sft[k] = v
     return c
+
+
+def _recorded_demos(fam, tok):
+    """`two_stage_sft`'s demos callback on 16 config-edit demos, and the `clean` flags it was called with."""
+    rows = config_edit_demos(fam.tasks("train", 16), tok, np.random.default_rng(0), corrupt_prob=0.0,
+                             value_range=(1, 9), corrupt="next")
+    calls = []
+
+    def demos(clean):
+        calls.append(clean)
+        return rows
+    return demos, calls
 
 
 def test_two_stage_warm_start_writes_both_checkpoints_and_reloads(tmp_path):
@@ -58,19 +71,12 @@ def test_two_stage_warm_start_writes_both_checkpoints_and_reloads(tmp_path):
 def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
     """Demos can take minutes (selfsum: chains through the agent loop): a stage with a finished
     checkpoint must not build its demos again; clean_steps=0 skips stage 1 entirely."""
-    from horizon.env.demos import config_edit_demos
     from horizon.model import transformer
 
     c = _cfg(clean_steps=1, steps=1)
     fam = family_from_config(c.exp)
     tok = ByteTokenizer(c.model.vocab_size)
-    rows = config_edit_demos(fam.tasks("train", 16), tok, np.random.default_rng(0), corrupt_prob=0.0,
-                             value_range=(1, 9), corrupt="next")
-    calls = []
-
-    def demos(clean):
-        calls.append(clean)
-        return rows
+    demos, calls = _recorded_demos(fam, tok)
 
     p0 = transformer.init(run_keys(c.seed)["init"], c.model)
     warmstart.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
@@ -83,6 +89,24 @@ def test_two_stage_sft_builds_demos_only_for_missing_stages(tmp_path):
     c.exp.sft.steps = 3                                                # a changed stage size is not reused silently
     with pytest.raises(ValueError, match="finished 1-step SFT"):
         warmstart.two_stage_sft(p0, demos, c, tmp_path, lambda r: None)
+
+
+def test_a_family_brings_its_demos_to_the_shared_sft_checkpoint(tmp_path):
+    """`warm_start(demos=)` (experiments/rl.py's key-recall families): with `exp.sft.init_from` the shared
+    checkpoint is made from those demos where it is missing, then loaded by every later arm unbuilt."""
+    c = _cfg(clean_steps=1, steps=1)
+    fam = family_from_config(c.exp)
+    tok = ByteTokenizer(c.model.vocab_size)
+    demos, calls = _recorded_demos(fam, tok)
+
+    c.exp.sft.init_from = str(tmp_path / "shared" / "sft")
+    key = run_keys(c.seed)["init"]
+    p = warmstart.warm_start(c, fam, tok, tmp_path / "arm0", lambda r: None, key, demos=demos)
+    assert calls == [True, False] and (tmp_path / "shared" / "sft" / "1").is_dir()
+    q = warmstart.warm_start(c, fam, tok, tmp_path / "arm1", lambda r: None, key, demos=demos)
+    assert calls == [True, False] and not (tmp_path / "arm1").exists()
+    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_run_sft_lr_override_is_local(tmp_path):

@@ -97,6 +97,31 @@ def test_demonstrator_needs_the_summary(sandbox, cfg, strategy, solves):
     assert all(won) if solves else sum(won) <= 1
 
 
+@pytest.mark.parametrize("parallel_prob", [1.0, 0.3])
+def test_demonstrator_reads_logs_in_parallel_at_its_rate(sandbox, cfg, parallel_prob):
+    """`parallel_prob`: turns read two logs at once (docs/SPEC.md §5 parallel calls); every log is still read
+    once, the chain still solves through its summaries, and it takes fewer turns for the same calls."""
+    fam = family_from_config(cfg.exp)
+    a = _agent(cfg, "self_summary")
+    a.max_parallel_calls = 2
+    a.max_new_tokens = 96        # two calls in one turn (the config's 48 cut the second one)
+    n = int(cfg.exp.task.n_logs)
+    parallel = []
+    for t in fam.tasks("train", 4):
+        fam.reset(sandbox, t)
+        pol = KeyRecallDemoPolicy(TOK, 0.0, parallel_prob=parallel_prob)
+        tr = run_episodes(pol, [make_episode(fam, t, sandbox, TOK, a)], max_steps=30)[0]
+        assert tr.end_reason == "final" and tr.stats["malformed_calls"] == 0
+        assert tr.stats["tool_calls"] == n + 1 and tr.stats["summaries"] >= 1
+        assert tr.stats["turns"] == tr.stats["tool_calls"] + 1 - tr.stats["parallel_calls"] // 2
+        assert verify(t, sandbox, tr.final_answer, check_edits=False).reward == 1.0
+        parallel.append(tr.stats["parallel_calls"])
+    if parallel_prob == 1.0:      # the first two logs, then pairs while two are left
+        assert parallel == [2 * (n // 2)] * 4
+    else:
+        assert 0 < sum(parallel) < 4 * 2 * (n // 2)
+
+
 def test_lossy_summaries_cost_the_reward(sandbox, cfg):
     fam = family_from_config(cfg.exp)
     t = fam.make_task(11)

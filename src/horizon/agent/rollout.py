@@ -44,7 +44,7 @@ from horizon.data.tokenizer import ByteTokenizer
 from horizon.inference.policy import Generation, Policy
 from horizon.sandbox.base import SandboxInfraError, SandboxResourceError
 from horizon.tools.builtin import registry_for
-from horizon.tools.format import FORMATS, ParseError, tool_format
+from horizon.tools.format import FORMATS, ParseError, join_results, parallel_calls_rule, tool_format
 from horizon.tools.registry import ToolContext, ToolRegistry, ToolState, truncate_text
 from horizon.utils.config import need, need_choice, need_float, need_int
 
@@ -114,6 +114,8 @@ def validate_agent_config(cfg, prefix: str = "agent", strategies: Sequence[str] 
     need_float(cfg, "max_tool_timeout_s", prefix, float(cfg.tool_timeout_s))
     if "max_steps" in cfg:
         need_int(cfg, "max_steps", prefix, lo=0)
+    if "max_parallel_calls" in cfg:
+        need_int(cfg, "max_parallel_calls", prefix, lo=1)
 
 
 def _clip_generation(gen: Generation, tok) -> Generation:
@@ -143,6 +145,7 @@ class Episode:
         self.task, self.sandbox, self.registry, self.tok, self.cfg = task, sandbox, registry, tokenizer, cfg
         self.strategy = make_strategy(cfg)
         self.fmt = tool_format(str(cfg.get("tool_format", "horizon")))   # the turn parser (docs/SPEC.md §5)
+        self.max_calls = int(cfg.get("max_parallel_calls", 1))           # tool calls one turn may hold
         self.tool_state = ToolState()
         self.ctx = ToolContext(sandbox, self.tool_state, timeout_s=float(cfg.tool_timeout_s),
                                max_timeout_s=float(cfg.max_tool_timeout_s),
@@ -154,7 +157,7 @@ class Episode:
         self.done = False
         self.phase = "act"                   # "act" | "summarize"
         self._turns_at_compaction = -1       # no second compaction before a new turn (see _maybe_compact)
-        self._pending_call = None            # parsed (name, args) awaiting execute_pending()
+        self._pending_calls = ()             # the turn's parsed ToolCalls awaiting execute_pending()
         self.generated_tokens = 0
         self.failure = ""
         dead = None
@@ -163,7 +166,8 @@ class Episode:
         except SandboxInfraError as e:
             listing, dead = None, e
         self._ctx_cache: tuple[list, np.ndarray | None] = ([], None)   # (messages rendered, ids)
-        sys_text = with_context_note(system_text or system_prompt(registry, self.fmt), cfg)
+        sys_text = system_text or system_prompt(registry, self.fmt)
+        sys_text = with_context_note("\n".join(filter(None, (sys_text, parallel_calls_rule(self.max_calls)))), cfg)
         self.messages = [Message("system", sys_text, kind="system"),
                          Message("user", task_text(task, listing), kind="task")]
         if dead is not None:
@@ -245,7 +249,7 @@ class Episode:
             self._after_action(text, m)
         if self.done:
             return
-        if self._pending_call is None:
+        if not self._pending_calls:
             self._post_turn()
         elif not defer_tools:
             self.after_tools()
@@ -264,7 +268,7 @@ class Episode:
 
     def _after_action(self, text: str, m: int) -> None:
         self.stats["turns"] += 1
-        act = self.fmt.parse_action(text)
+        act = self.fmt.parse_action(text, self.max_calls)
         think = self._think_tokens(act.thinking, m)
         self.stats["thinking_tokens"] += think
         if isinstance(act, ParseError):
@@ -279,22 +283,23 @@ class Episode:
             self.final_answer = act.final
             return self._finish("final")
         self.stats["tool_call_tokens"] += m - think
-        self.stats["tool_calls"] += 1
-        self._pending_call = (act.name, act.args)
+        self._pending_calls = act.tool_calls()
+        self.stats["tool_calls"] += len(self._pending_calls)
+        self.stats["parallel_calls"] += len(self._pending_calls) if len(self._pending_calls) > 1 else 0
 
     def execute_pending(self) -> None:
-        """Run the parsed tool call and append its observation."""
-        call = self._pending_call
-        if call is None:
+        """Run the turn's tool calls (several at the same time, `ToolRegistry.execute_all`) and append
+        their one observation (`format.join_results`)."""
+        calls, self._pending_calls = self._pending_calls, ()
+        if not calls:
             return
-        self._pending_call = None
         try:
-            res = self.registry.execute(call[0], call[1], self.ctx)
+            res = self.registry.execute_all([(c.name, c.args) for c in calls], self.ctx)
         except SandboxInfraError as e:
             return self._fail(INFRA_END, e)
         except SandboxResourceError as e:
             return self._fail(RESOURCE_END, e)
-        self._observe(res.output)
+        self._observe(join_results(calls, [r.output for r in res]))
 
     def _after_summary(self, text: str, m: int) -> None:
         self.stats["thinking_tokens"] += m      # summary turns count as thinking (see module doc)
@@ -340,7 +345,7 @@ class Episode:
 
     def after_tools(self) -> None:
         """Execute a deferred tool call, then the end-condition and compaction checks."""
-        if self.done or self._pending_call is None:
+        if self.done or not self._pending_calls:
             return
         self.execute_pending()
         if not self.done:

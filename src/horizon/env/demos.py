@@ -18,7 +18,7 @@ from horizon.agent import Generation, Message, render, run_episodes
 from horizon.agent.prompt import split_turns, task_text
 from horizon.env.families import Family, make_episode
 from horizon.tasks import key_recall, synthetic
-from horizon.tools.format import FINAL_OPEN, render_call, render_final
+from horizon.tools.format import FINAL_OPEN, ToolCall, render_call, render_final, tool_format
 
 CORRUPTIONS = ("next", "random")
 
@@ -52,7 +52,7 @@ def config_edit_demos(tasks, tok, rng: np.random.Generator, *, corrupt_prob: flo
 def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrupt_prob: float, seed: int,
                      key_alphabet: str, map_fn=map, correct_finals_only: bool = False, keep_prob: float = 1.0,
                      memo_keep_prob: float = 0.0, final_mask: str = "turn", n_keys: int = 0,
-                     pin_slot: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+                     pin_slot: bool = False, parallel_prob: float = 0.0) -> list[tuple[np.ndarray, np.ndarray]]:
     """Demonstration chains of `KeyRecallDemoPolicy` through the real agent loop, one
     segment per row. `sandboxes` (any backend; commands are the env's own `cat`s) are reused
     in chunks, their tool calls in as many threads; `map_fn` may run resets in threads. Under
@@ -62,7 +62,8 @@ def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrup
     `memo_keep_prob`: the long-horizon family's omission rule (`KeyRecallDemoPolicy`). `final_mask`:
     what of a wrong final `correct_finals_only` leaves out of the loss, the whole turn ("turn") or,
     with slot-aligned answers (`n_keys`, `pin_slot`), only its letters that differ from the task's
-    answer in the same slot ("letters": the turn still teaches when to answer and the slot layout)."""
+    answer in the same slot ("letters": the turn still teaches when to answer and the slot layout).
+    `parallel_prob`: the share of turns that read two logs at once (`KeyRecallDemoPolicy`)."""
     if final_mask not in FINAL_MASKS:
         raise ValueError(f"final_mask must be one of {FINAL_MASKS}, got {final_mask!r}")
     if final_mask == "letters" and not n_keys:
@@ -70,7 +71,7 @@ def key_recall_demos(family: Family, tasks, tok, agent_cfg, sandboxes, *, corrup
     policy = KeyRecallDemoPolicy(tok, corrupt_prob, seed, key_alphabet,
                                  notes=agent_cfg.context_strategy == "observation_masking", keep_prob=keep_prob,
                                  memo_keep_prob=memo_keep_prob, n_keys=n_keys if final_mask == "letters" else 0,
-                                 pin_slot=pin_slot)
+                                 pin_slot=pin_slot, parallel_prob=parallel_prob)
     rows = []
     n = len(sandboxes)
     for i in range(0, len(tasks), n):
@@ -182,7 +183,10 @@ class KeyRecallDemoPolicy:
     memory holds is kept (`_kept`). Every fact written is a correct copy (the copy still forms in SFT),
     but which new facts a summary keeps is left for RL to learn (docs/SPEC.md §6). The final answer
     appends the pin where the context says it is needed.
-    `keep_prob=1, memo_keep_prob=0` is the perfect summarizer (the study's oracle)."""
+    `keep_prob=1, memo_keep_prob=0` is the perfect summarizer (the study's oracle).
+    With `parallel_prob` > 0 a turn that has two logs left to read reads both at once with that
+    probability (parallel calls, docs/SPEC.md §5; the episodes need `agent.max_parallel_calls` >= 2),
+    drawn from its own hash of the context, so the other draws are the same at any `parallel_prob`."""
 
     tok: object
     corrupt_prob: float = 0.0
@@ -193,9 +197,16 @@ class KeyRecallDemoPolicy:
     memo_keep_prob: float = 0.0
     n_keys: int = 0                 # > 0: slot-aligned answers (`aligned_answer`; slot-alphabet families)
     pin_slot: bool = False          # the alphabet has the pin's slice after the keys' (pin_prob > 0)
+    parallel_prob: float = 0.0      # a turn reads the next two logs in one turn (parallel calls)
 
     def _rng(self, text: str) -> random.Random:
         return random.Random(zlib.crc32(text.encode()) ^ (self.seed * 0x9E3779B1))
+
+    def _parallel(self, text: str) -> bool:
+        """Whether this turn reads two logs at once (`parallel_prob`; a draw of its own)."""
+        if self.parallel_prob <= 0:
+            return False
+        return random.Random(zlib.crc32(b"parallel" + text.encode()) ^ self.seed).random() < self.parallel_prob
 
     def _keys(self, text: str, rng: random.Random) -> list[str]:
         return ordered_keys(text) or [rng.choice(self.key_alphabet)]   # none in context: a guess
@@ -294,6 +305,9 @@ class KeyRecallDemoPolicy:
             return render_call("read", {"path": key_recall.KEY_FILE})
         last, n = self._last_log(text), key_recall.n_logs_of(text)
         note = self._note(last_msg, own, text)
+        if last + 1 < n and self._parallel(text):
+            reads = [ToolCall("read", {"path": f"{i}.log"}) for i in (last + 1, last + 2)]
+            return tool_format().render_calls(reads, thinking=note)
         if last < n:
             return render_call("read", {"path": f"{last + 1}.log"}, thinking=note)
         if self.n_keys:

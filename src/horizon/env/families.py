@@ -37,6 +37,9 @@ import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
+import ml_collections
+import numpy as np
+
 from horizon.agent import Episode
 from horizon.sandbox.base import WORKSPACE
 from horizon.tasks import key_recall, synthetic
@@ -150,6 +153,16 @@ def family_from_config(e) -> Family:
     if e.env == "swebench":
         return swebench_family(t)
     raise ValueError(f"exp.env must be one of {FAMILIES}, got {e.env!r}")
+
+
+def first_turn_contexts(c, n: int, tok) -> list[np.ndarray]:
+    """The first-turn contexts of `n` held-out tasks of `c.exp`'s family, as an episode renders them
+    (no sandbox: the file listing is left out): the prompts of the sampler benchmarks."""
+    agent = ml_collections.ConfigDict(c.agent.to_dict())
+    agent.include_file_listing = False
+    family = family_from_config(c.exp)
+    return [np.asarray(make_episode(family, t, None, tok, agent).context_tokens(), np.int32)
+            for t in family.tasks("heldout", n)]
 
 
 def make_episode(family: Family, task: Task, sandbox, tok, agent_cfg):

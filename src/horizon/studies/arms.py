@@ -21,18 +21,39 @@ from horizon.studies.gains import paired_gain, success_ci
 from horizon.studies.results_fmt import ci, num, seeds_cell, signed
 from horizon.utils.provenance import REPO
 
-# per-step RL metrics averaged over a run's steps: the reward and the sampler/trainer mismatch
-TRAIN_KEYS = ("reward_mean", "sampler_logprob_diff", "sampler_logprob_diff_max", "routing/own_vs_sampler",
-              "routing/trained_vs_sampler")
-TRAIN_LABELS = ("train reward", "log-prob gap (mean)", "log-prob gap (max)", "routing differs: own",
-                "routing differs: trained")     # the section's headers of TRAIN_KEYS (means over RL steps)
+# per-step RL metrics averaged over a run's steps (the reward, the sampler/trainer mismatch, the update's size
+# and the KL to the reference policy) -> the section's column headers; a column shows where an arm has it
+TRAIN_KEYS = {"reward_mean": "train reward", "sampler_logprob_diff": "log-prob gap (mean)",
+              "sampler_logprob_diff_max": "log-prob gap (max)", "routing/own_vs_sampler": "routing differs: own",
+              "routing/trained_vs_sampler": "routing differs: trained", "grad_norm": "grad norm",
+              "kl_k1": "KL to ref (k1)"}
+# over the steps: the largest grad norm and log-prob gap, the reward of the last quarter, where it diverged
+EXTREMES = {"grad_norm_max": "grad norm (max)", "reward_last": "train reward (last quarter)",
+            "diverged_at": "diverged at step"}
+DIVERGENCE_FACTOR = 10.0      # a grad norm this many times the median of the first steps counts as divergence
+DIVERGENCE_BASE_STEPS = 10
+
+
+def diverged_at(steps: Sequence[dict]) -> int | None:
+    """The first RL step whose loss or grad norm is not finite, or whose grad norm exceeds
+    `DIVERGENCE_FACTOR` times the median of the first `DIVERGENCE_BASE_STEPS` steps; None if none."""
+    norms = [float(r.get("grad_norm", np.nan)) for r in steps]
+    base = float(np.median(norms[:DIVERGENCE_BASE_STEPS])) if norms else np.nan
+    for r, g in zip(steps, norms):
+        if not (np.isfinite(g) and np.isfinite(float(r.get("loss", 0.0)))) or g > DIVERGENCE_FACTOR * base:
+            return int(r.get("step", 0))
+    return None
 
 
 def train_summary(records: Sequence[dict]) -> dict:
-    """Means over a run's RL step records (metrics.jsonl, phase ``rl``) of the `TRAIN_KEYS` they hold,
-    and the number of steps."""
+    """Over a run's RL step records (metrics.jsonl, phase ``rl``): the means of the `TRAIN_KEYS` they hold,
+    `EXTREMES` (where the grad norm is logged) and the number of steps."""
     steps = [r for r in records if r.get("phase") == "rl"]
     out = {k: float(np.mean([r[k] for r in steps])) for k in TRAIN_KEYS if steps and all(k in r for r in steps)}
+    if steps and all("grad_norm" in r for r in steps):
+        out["grad_norm_max"] = float(np.max([r["grad_norm"] for r in steps]))
+        out["reward_last"] = float(np.mean([r["reward_mean"] for r in steps[-max(1, len(steps) // 4):]]))
+        out["diverged_at"] = diverged_at(steps)
     return dict(out, steps=len(steps))
 
 
@@ -47,7 +68,8 @@ def run_rows(evals: dict, records: Sequence[dict], *, study: str, arm: str, seed
             rows.append(dict(extra, schema="arm", study=study, seed=int(seed), arm=arm, phase=phase, step=int(step),
                              task_id=str(r["task_id"]), pass_index=int(r["pass_index"]), solved=bool(r["solved"]),
                              completion_tokens=int(r["completion_tokens"]), tool_calls=int(r["tool_calls"]),
-                             turns=int(r["turns"]), train=train, provenance=provenance))
+                             parallel_calls=int(r.get("parallel_calls", 0)), turns=int(r["turns"]), train=train,
+                             provenance=provenance))
     return rows
 
 
@@ -77,13 +99,35 @@ def _effort(rows: Sequence[dict]) -> str:
     return " / ".join(num(float(np.mean([r[k] for r in solved]))) for k in ("completion_tokens", "tool_calls", "turns"))
 
 
+def _diagnostic(trains: Sequence[dict], key: str) -> str:
+    """A diagnostic's cell: the mean over an arm's seeds (3 significant digits: the mismatch is often ~1e-5);
+    ``diverged_at`` lists each seed's step ("-": did not diverge)."""
+    if not all(key in t for t in trains):
+        return "n/a"
+    if key == "diverged_at":
+        return ", ".join("-" if t[key] is None else str(t[key]) for t in trains)
+    return f"{float(np.mean([t[key] for t in trains])):.3g}"
+
+
+def _parallel_rate(by: dict, *, samples: int, level: float, seed: int) -> str:
+    """Share of tool calls made in multi-call turns after SFT and after RL, and RL's change with its paired CI."""
+    rate = lambda rs: sum(r["parallel_calls"] for r in rs) / max(1, sum(r["tool_calls"] for r in rs))  # noqa: E731
+    g = paired_gain(by["rl"], by["sft"], "parallel_rate", samples, level, seed)
+    return f"{num(rate(by['sft']))} -> {num(rate(by['rl']))} ({signed(g['diff'])} {ci(g['ci_lo'], g['ci_hi'], signed)})"
+
+
 def section(rows: Sequence[dict], *, samples: int, level: float, seed: int) -> str:
     """One line per arm (in ledger order): episodes, seeds, post-SFT and post-RL success with CIs, the
-    paired RL gain, tokens / tool calls / turns per solved episode after RL, and `TRAIN_KEYS`' means
-    (averaged over the arm's seeds; 3 significant digits: the mismatch is often ~1e-5)."""
+    paired RL gain, tokens / tool calls / turns per solved episode after RL, the diagnostics any arm logged
+    (`TRAIN_KEYS`, `EXTREMES`: means over the arm's seeds, 3 significant digits: the mismatch is often ~1e-5)
+    and, where an arm made parallel calls, the parallel-call rate after SFT and after RL."""
     arms = list(dict.fromkeys(r["arm"] for r in rows))
+    labels = {**TRAIN_KEYS, **EXTREMES}
+    columns = [k for k in labels if any(k in r["train"] for r in rows)]
+    parallel = all("parallel_calls" in r for r in rows) and any(r["parallel_calls"] for r in rows)
     header = ["arm", "episodes", "seeds", "post-SFT success", "post-RL success", "RL gain [paired CI]",
-              "tokens / calls / turns per solved (RL)", *TRAIN_LABELS]
+              "tokens / calls / turns per solved (RL)", *(labels[k] for k in columns)]
+    header += ["parallel-call rate, SFT -> RL (change [paired CI])"] if parallel else []
     lines = []
     for arm in arms:
         sub = [r for r in rows if r["arm"] == arm]
@@ -94,10 +138,10 @@ def section(rows: Sequence[dict], *, samples: int, level: float, seed: int) -> s
             cell[p] = f"{num(m)} {ci(lo, hi)}"
         g = paired_gain(by["rl"], by["sft"], "success", samples, level, seed)
         trains = list({r["seed"]: r["train"] for r in sub}.values())
-        diag = [f"{float(np.mean([t[k] for t in trains])):.3g}" if all(k in t for t in trains) else "n/a"
-                for k in TRAIN_KEYS]
+        diag = [_diagnostic(trains, k) for k in columns]
         lines.append([arm, num(len(by["rl"])), seeds_cell(sorted({r["seed"] for r in sub})), cell["sft"], cell["rl"],
-                      f"{signed(g['diff'])} {ci(g['ci_lo'], g['ci_hi'], signed)}", _effort(by["rl"]), *diag])
+                      f"{signed(g['diff'])} {ci(g['ci_lo'], g['ci_hi'], signed)}", _effort(by["rl"]), *diag]
+                     + ([_parallel_rate(by, samples=samples, level=level, seed=seed)] if parallel else []))
     out = markdown_table([dict(zip(header, line)) for line in lines]) + "\n"
     pairs = versus_first(rows, samples=samples, level=level, seed=seed)
     if pairs:

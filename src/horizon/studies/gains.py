@@ -6,6 +6,7 @@ rows, checkable by hand on a few synthetic episodes.
 - `paired_gain`: mean(a) - mean(b) over the episodes both sides ran (same seed, task and pass: the
   post-RL vs the post-SFT policy, or oracle summaries vs the policy's own), with a CI from the same
   resampling applied to the pairs, so the noise the two sides share cancels;
+- `parallel_rate` (a `paired_gain` metric): the share of tool calls made in multi-call turns (parallel calls);
 - `carry`: the share of seen facts a compaction kept (needed facts: higher is better; distractors:
   lower is better, a summary that keeps everything is not selective);
 - `phase_row`: one strategy x phase's numbers for the table of docs/RESULTS.md.
@@ -19,7 +20,7 @@ import numpy as np
 
 from horizon.studies.selfsum_metrics import bootstrap_ci
 
-METRICS = ("success", "needed_carry", "distractor_carry")
+METRICS = ("success", "needed_carry", "distractor_carry", "parallel_rate")
 _CARRY_FIELDS = {"needed_carry": "needed", "distractor_carry": "distractors"}
 
 
@@ -51,6 +52,8 @@ def _num_den(r: dict, metric: str) -> tuple[float, float]:
     """One episode's contribution to `metric` as a ratio of sums (success: solved / 1)."""
     if metric == "success":
         return float(bool(r["solved"])), 1.0
+    if metric == "parallel_rate":
+        return float(r["parallel_calls"]), float(r["tool_calls"])
     kind = _CARRY_FIELDS[metric]
     return float(r[f"{kind}_kept"]), float(r[f"{kind}_seen"])
 

@@ -24,7 +24,8 @@ right_hunk and provenance.
 
 An ``arm`` row (an RL run of a study whose arms are runs, `horizon.studies.arms`) holds: schema, study,
 seed, arm, phase (`SWE_PHASES`: step 0's SFT policy, the post-RL policy), step, task_id, pass_index,
-solved, completion_tokens, tool_calls, turns, train (the run's training diagnostics) and provenance.
+solved, completion_tokens, tool_calls, turns, train (the run's training diagnostics) and provenance; newer rows
+also parallel_calls (the calls made in multi-call turns).
 
 Extra fields (e.g. ``run_wall_s``, ``command``) are allowed and kept.
 """
@@ -99,8 +100,13 @@ ARM_COUNTS = ("pass_index", "step", "completion_tokens", "tool_calls", "turns")
 
 
 def _calls_within_episode(row: dict) -> None:
-    if row["tool_calls"] > row["turns"]:
-        raise ValueError(f"field 'tool_calls' ({row['tool_calls']}) exceeds turns ({row['turns']})")
+    """One call per turn, but for the calls of multi-call turns (``parallel_calls``, optional: docs/SPEC.md §5)."""
+    par = row.get("parallel_calls", 0)
+    if not (isinstance(par, int) and 0 <= par <= row["tool_calls"]):
+        raise ValueError(f"field 'parallel_calls' ({par!r}) must be an int in [0, tool_calls={row['tool_calls']}]")
+    if row["tool_calls"] - par > row["turns"]:
+        extra = f" less its {par} parallel calls" if par else ""
+        raise ValueError(f"field 'tool_calls' ({row['tool_calls']}){extra} exceeds turns ({row['turns']})")
 SCHEMAS = {
     "selfsum": Schema(FIELDS, KEY_FIELDS, PHASES, ("trigger", "pass_index", *COUNTS), _kept_within_seen),
     "swe": Schema(dict(schema="str", study="str", seed="int", phase="str", split="str", task_id="str", repo="str",

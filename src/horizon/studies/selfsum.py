@@ -60,7 +60,7 @@ def demo_rows(family, c, tok, strategies, corrupt_prob: float, tasks=None, *, pe
             rows[s] = key_recall_demos(family, tasks, tok, with_strategy(c, s).agent, boxes, corrupt_prob=corrupt_prob,
                                        seed=int(c.seed), key_alphabet=str(c.exp.task.key_alphabet),
                                        correct_finals_only=correct_finals_only, map_fn=pool.map, **keep,
-                                       **final_rule(c))
+                                       parallel_prob=float(c.exp.sft.get("parallel_prob", 0.0)), **final_rule(c))
             lossy = (f"lossy memories {corrupt_prob:.2f}" if keep["keep_prob"] >= 1.0 else
                      f"facts kept {keep['keep_prob']:.2f}, memos {keep['memo_keep_prob']:.2f}")
             print(f"demos {s} ({lossy}): {len(tasks)} chains -> {len(rows[s])} segments, "

@@ -7,7 +7,8 @@ One assistant turn (the text the model generates before END_TURN) is::
     ONE of:
       <function=NAME>
       <parameter=KEY>VALUE</parameter>      zero or more, any order, each KEY once
-      </function>                           one tool call
+      </function>                           one tool call (up to `max_calls` of them, only
+                                            whitespace between: parallel calls)
       <final>ANSWER</final>                 the final message; ends the episode
 
 A summary turn (answer to the summarize query, docs/SPEC.md §6) is::
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -42,14 +44,32 @@ FORMAT_HINT = ("Reply with optional <think>...</think>, then exactly one tool ca
 
 
 @dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """One tool call of a turn: the tool's name and its raw string arguments."""
+
+    name: str
+    args: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class Action:
-    """A parsed assistant turn: a tool call (`kind="call"`) or a final message (`kind="final"`)."""
+    """A parsed assistant turn: tool calls (`kind="call"`) or a final message (`kind="final"`).
+
+    `name` / `args` are the turn's first call; `calls` all of them in order where there are several
+    (parallel calls, see the module doc), else (): `tool_calls()` reads either."""
 
     kind: str                      # "call" | "final"
     name: str = ""                 # tool name (calls)
     args: dict[str, str] = dataclasses.field(default_factory=dict)  # raw string values (calls)
     final: str = ""                # final message (finals)
     thinking: str = ""             # text inside <think>...</think> ("" if none)
+    calls: tuple[ToolCall, ...] = ()
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The turn's calls in order (one for a one-call turn, none for a final message)."""
+        if self.kind != "call":
+            return ()
+        return self.calls or (ToolCall(self.name, self.args),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +81,20 @@ class ParseError:
 
     def observation(self) -> str:
         return f"Your action could not be parsed: {self.message}\n{FORMAT_HINT}"
+
+
+def call_action(calls: list[ToolCall], thinking: str) -> Action:
+    """The Action of a turn with `calls` (>= 1; `Action.calls` stays () for one, as a hand-built one-call
+    Action has it, so the two compare equal)."""
+    return Action("call", name=calls[0].name, args=calls[0].args, thinking=thinking,
+                  calls=tuple(calls) if len(calls) > 1 else ())
+
+
+def too_many_calls(max_calls: int, thinking: str) -> ParseError:
+    """The error of a turn with more calls than `max_calls` (a format's shared wording)."""
+    if max_calls <= 1:
+        return ParseError("only one tool call per turn is allowed", thinking)
+    return ParseError(f"at most {max_calls} tool calls per turn are allowed", thinking)
 
 
 def _strip_value(v: str) -> str:
@@ -84,8 +118,9 @@ def split_thinking(text: str) -> tuple[str, str] | ParseError:
     return s[len(THINK_OPEN):end], s[end + len(THINK_CLOSE):]
 
 
-def _parse_call(body: str, thinking: str) -> Action | ParseError:
-    """`body` starts right after `<function=`."""
+def _parse_call(body: str, thinking: str) -> tuple[ToolCall, str] | ParseError:
+    """One call from `body` (which starts right after `<function=`): the call and the text after
+    its `</function>`."""
     gt = body.find(">")
     if gt < 0:
         return ParseError("unterminated <function=NAME> tag (missing '>')", thinking)
@@ -98,12 +133,7 @@ def _parse_call(body: str, thinking: str) -> Action | ParseError:
         while pos < len(body) and body[pos].isspace():
             pos += 1
         if body.startswith(FUNC_CLOSE, pos):
-            rest = body[pos + len(FUNC_CLOSE):]
-            if rest.strip():
-                if FUNC_OPEN in rest:
-                    return ParseError("only one tool call per turn is allowed", thinking)
-                return ParseError(f"unexpected text after </function>: {rest.strip()[:60]!r}", thinking)
-            return Action(kind="call", name=name, args=args, thinking=thinking)
+            return ToolCall(name, args), body[pos + len(FUNC_CLOSE):]
         if body.startswith(PARAM_OPEN, pos):
             kgt = body.find(">", pos)
             if kgt < 0:
@@ -125,7 +155,27 @@ def _parse_call(body: str, thinking: str) -> Action | ParseError:
                           f"{body[pos:pos + 30]!r}", thinking)
 
 
-def _parse(text: str) -> Action | ParseError:
+def collect_calls(body: str, thinking: str, max_calls: int, one_call, open_tag: str, stray) -> Action | ParseError:
+    """The calls of a turn (a format's shared loop): `one_call(body, thinking)` parses the call that starts
+    right after `open_tag` into (ToolCall, the text after it) or a ParseError; calls follow one another with
+    only whitespace between, at most `max_calls`; `stray(rest)` is the error of other text after a call."""
+    calls: list[ToolCall] = []
+    while True:
+        one = one_call(body, thinking)
+        if isinstance(one, ParseError):
+            return one
+        calls.append(one[0])
+        rest = one[1].lstrip()
+        if not rest:
+            return call_action(calls, thinking)
+        if open_tag in rest and len(calls) >= max_calls:
+            return too_many_calls(max_calls, thinking)
+        if not rest.startswith(open_tag):
+            return stray(rest)
+        body = rest[len(open_tag):]
+
+
+def _parse(text: str, max_calls: int = 1) -> Action | ParseError:
     split = split_thinking(text)
     if isinstance(split, ParseError):
         return split
@@ -137,7 +187,8 @@ def _parse(text: str) -> Action | ParseError:
     if f >= 0 and g >= 0:
         return ParseError("a turn must contain either one tool call or a <final> message, not both", thinking)
     if f >= 0:
-        return _parse_call(rest[f + len(FUNC_OPEN):], thinking)
+        return collect_calls(rest[f + len(FUNC_OPEN):], thinking, max_calls, _parse_call, FUNC_OPEN, lambda tail:
+                             ParseError(f"unexpected text after </function>: {tail.strip()[:60]!r}", thinking))
     if g >= 0:
         end = rest.find(FINAL_CLOSE, g)
         if end < 0:
@@ -157,13 +208,13 @@ def as_text(text: Any) -> str | ParseError:
     return text if isinstance(text, str) else ParseError(f"expected text, got {type(text).__name__}")
 
 
-def parse_action(text: Any) -> Action | ParseError:
-    """Parse one assistant turn. Never raises (any input, any type)."""
+def parse_action(text: Any, max_calls: int = 1) -> Action | ParseError:
+    """Parse one assistant turn with up to `max_calls` tool calls. Never raises (any input, any type)."""
     try:
         text = as_text(text)
         if isinstance(text, ParseError):
             return text
-        return _parse(text)
+        return _parse(text, max_calls)
     except Exception as e:  # defensive: the parser must never take the rollout down
         return ParseError(f"internal parser error: {type(e).__name__}")
 
@@ -250,14 +301,19 @@ class ToolCallFormat:
                     "OR, when you are done, <final>your final message</final>.\n"
                     "Values are raw text (no escaping; they may span lines). Use absolute paths.")
 
-    def parse_action(self, text: Any) -> Action | ParseError:
-        return parse_action(text)
+    def parse_action(self, text: Any, max_calls: int = 1) -> Action | ParseError:
+        return parse_action(text, max_calls)
 
     def parse_summary(self, text: Any) -> tuple[str, str] | ParseError:
         return parse_summary(text)
 
     def render_call(self, name: str, args: dict[str, Any], thinking: str | None = None) -> str:
         return render_call(name, args, thinking)
+
+    def render_calls(self, calls: Sequence[ToolCall], thinking: str | None = None) -> str:
+        """Several calls in one turn (parallel calls): the first with the thinking, one per line."""
+        head = "" if thinking is None else f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n"
+        return head + "\n".join(self.render_call(c.name, c.args) for c in calls)
 
     def render_final(self, answer: str, thinking: str | None = None) -> str:
         return render_final(answer, thinking)
@@ -283,7 +339,7 @@ class HermesFormat(ToolCallFormat):
                     "<tool_call>\n{\"name\": NAME, \"arguments\": {KEY: VALUE, ...}}\n</tool_call>\n"
                     "OR, when you are done, <final>your final message</final>. Use absolute paths.")
 
-    def parse_action(self, text: Any) -> Action | ParseError:
+    def parse_action(self, text: Any, max_calls: int = 1) -> Action | ParseError:
         try:
             text = as_text(text)
             if isinstance(text, ParseError):
@@ -295,30 +351,48 @@ class HermesFormat(ToolCallFormat):
             a = rest.find(self.OPEN)
             if a < 0:
                 return parse_action(text)          # a <final> message (or the horizon parser's error)
-            b = rest.find(self.CLOSE, a)
-            if b < 0:
-                return ParseError(f"unterminated {self.OPEN} (missing {self.CLOSE})", thinking)
-            if rest[b + len(self.CLOSE):].strip():
-                return ParseError(f"text after {self.CLOSE}", thinking)
-            try:
-                call = json.loads(rest[a + len(self.OPEN):b])
-            except json.JSONDecodeError as e:
-                return ParseError(f"tool call is not valid JSON: {e.msg} at char {e.pos}", thinking)
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not NAME_RE.match(call["name"]):
-                return ParseError('tool call JSON needs {"name": NAME, "arguments": {...}}', thinking)
-            args = call.get("arguments", {})
-            if not isinstance(args, dict) or not all(isinstance(k, str) and NAME_RE.match(k) for k in args):
-                return ParseError("tool call arguments must be an object with identifier keys", thinking)
-            return Action("call", name=call["name"], args={k: value_to_text(v) for k, v in args.items()},
-                          thinking=thinking)
+            return collect_calls(rest[a + len(self.OPEN):], thinking, max_calls, self._parse_block, self.OPEN,
+                                 lambda tail: ParseError(f"text after {self.CLOSE}", thinking))
         except Exception as e:  # noqa: BLE001 - the parser must never take the rollout down
             return ParseError(f"internal parser error: {type(e).__name__}")
+
+    def _parse_block(self, body: str, thinking: str) -> tuple[ToolCall, str] | ParseError:
+        """One call's JSON from `body` (right after the open tag): the call and the text after its close."""
+        b = body.find(self.CLOSE)
+        if b < 0:
+            return ParseError(f"unterminated {self.OPEN} (missing {self.CLOSE})", thinking)
+        try:
+            call = json.loads(body[:b])
+        except json.JSONDecodeError as e:
+            return ParseError(f"tool call is not valid JSON: {e.msg} at char {e.pos}", thinking)
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not NAME_RE.match(call["name"]):
+            return ParseError('tool call JSON needs {"name": NAME, "arguments": {...}}', thinking)
+        args = call.get("arguments", {})
+        if not isinstance(args, dict) or not all(isinstance(k, str) and NAME_RE.match(k) for k in args):
+            return ParseError("tool call arguments must be an object with identifier keys", thinking)
+        return ToolCall(call["name"], {k: value_to_text(v) for k, v in args.items()}), body[b + len(self.CLOSE):]
 
     def render_call(self, name: str, args: dict[str, Any], thinking: str | None = None) -> str:
         if not NAME_RE.match(name) or not all(NAME_RE.match(k) for k in args):
             raise ValueError(f"invalid tool or parameter name in {name!r} {sorted(args)}")
         head = "" if thinking is None else f"{THINK_OPEN}{thinking}{THINK_CLOSE}\n"
         return f"{head}{self.OPEN}\n{json.dumps({'name': name, 'arguments': args})}\n{self.CLOSE}"
+
+
+def parallel_calls_rule(max_calls: int) -> str:
+    """The system prompt's line that allows parallel calls (`agent.max_parallel_calls` > 1; "" for one)."""
+    if max_calls <= 1:
+        return ""
+    return (f"You may make up to {max_calls} tool calls in one turn, one after another: they run at the same "
+            "time and the next message holds each one's result, in order.")
+
+
+def join_results(calls: Sequence[ToolCall], outputs: Sequence[str]) -> str:
+    """The one observation of a turn's calls: a lone call's output as it is; several, each under a
+    `[call i: NAME]` header, in the turn's order."""
+    if len(calls) == 1:
+        return outputs[0]
+    return "\n".join(f"[call {i}: {c.name}]\n{out}" for i, (c, out) in enumerate(zip(calls, outputs), 1))
 
 
 FORMATS: dict[str, ToolCallFormat] = {"horizon": ToolCallFormat(), "hermes": HermesFormat()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from horizon.sandbox.base import TRUNCATION_MARKER, Sandbox, SandboxInfraError, SandboxResourceError
@@ -191,6 +192,17 @@ class ToolRegistry:
         except Exception as e:  # the policy's own failures (missing file, bad command) go back as text
             out, error = f"Error: {name} failed: {type(e).__name__}: {e}", True
         return ToolResult(truncate_text(out, ctx.max_observation_bytes), error=error)
+
+    def execute_all(self, calls: Sequence[tuple[str, dict[str, Any]]], ctx: ToolContext) -> list[ToolResult]:
+        """Several calls of one turn (parallel calls, docs/SPEC.md §5), run at the same time, one thread each:
+        each call's result or its own error, in order. A sandbox failure of any call is raised once every
+        call has finished (no call is left running in a box the episode then gives up)."""
+        if len(calls) == 1:
+            return [self.execute(calls[0][0], calls[0][1], ctx)]
+        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="tool-call") as pool:
+            futures = [pool.submit(self.execute, name, args, ctx) for name, args in calls]
+            wait(futures)
+        return [f.result() for f in futures]
 
     def subset(self, names: Sequence[str], strict: bool | None = None) -> ToolRegistry:
         missing = [n for n in names if n not in self.tools]

@@ -119,7 +119,7 @@ class SchedulerState:
 
 # ----------------------------------------------------------------------------- rollout level
 _EPISODE_FIELDS = ("messages", "stats", "segments", "final_answer", "end_reason", "done", "phase",
-                   "_pending_call", "generated_tokens", "tool_state")
+                   "_pending_calls", "generated_tokens", "tool_state")
 
 
 class RolloutCheckpoints:
@@ -138,7 +138,7 @@ class RolloutCheckpoints:
         Call between turns (no tool call pending execution) so the filesystem and the
         message history agree.
         """
-        if getattr(episode, "_pending_call", None) is not None:
+        if getattr(episode, "_pending_calls", ()):
             raise ValueError("checkpoint between turns: a tool call is still pending")
         ref = episode.sandbox.snapshot(f"rollout-{slot}-{chain}-{episode.stats.get('turns', 0)}")
         state = {k: getattr(episode, k) for k in _EPISODE_FIELDS}

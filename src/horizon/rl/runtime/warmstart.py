@@ -169,17 +169,22 @@ def initial_params(c, key):
     return transformer.init(key, c.model)
 
 
-def warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, pool: SandboxPool | None = None):
+def warm_start(c, family: Family, tok, out: pathlib.Path, log: Log, key_init, *, pool: SandboxPool | None = None,
+               demos: Callable[[bool], list] | None = None):
     """experiments/rl.py's starting params: the SFT warm start (`config_edit_warm_start`; for the
-    ``swebench`` family `swebench_warm_start`, in `pool` if given), or for a task set with
+    ``swebench`` family `swebench_warm_start`, in `pool` if given; for a family whose demonstrations
+    the caller brings, `demos` (`two_stage_sft`'s: the key-recall families'
+    `horizon.studies.selfsum.warm_start_demos`), `two_stage_sft` on them), or for a task set with
     ``exp.n_sft_tasks = 0`` (no demonstrations) the initial params (`initial_params`:
     `model.init_from` or a fresh init). With ``exp.sft.init_from`` set, the finished SFT checkpoint
-    there instead (config_edit: made there first if missing, `ensure_sft_checkpoint`)."""
+    there instead (made there first if missing, `ensure_sft_checkpoint`; not for swebench)."""
     shared = str(c.exp.sft.get("init_from", "") or "")
     if shared:                  # one SFT checkpoint for every arm of a study (made here if it is missing)
         if family.name != "swebench":
-            ensure_sft_checkpoint(c, shared)
+            ensure_sft_checkpoint(c, shared, demos=demos)
         return load_sft_params(c, shared)
+    if demos is not None:
+        return two_stage_sft(initial_params(c, key_init), demos, c, out, log)
     if family.name == "swebench":
         if int(c.exp.n_sft_tasks) == 0:
             return initial_params(c, key_init)
@@ -274,9 +279,10 @@ def load_sft_params(c, directory: str | pathlib.Path):
                                 "first)") from None
 
 
-def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
-    """Make the SFT checkpoint `directory` with experiments/rl.py's SFT stage (same seed, demos and
-    init, `config_edit_warm_start`) if it is missing (experiments/rl_async.py's warm start)."""
+def ensure_sft_checkpoint(c, directory: str | pathlib.Path, *, demos: Callable[[bool], list] | None = None) -> None:
+    """Make the SFT checkpoint `directory` with experiments/rl.py's SFT stage (same seed and init;
+    `config_edit_warm_start`, or `two_stage_sft` on `demos`) if it is missing (experiments/rl_async.py's
+    warm start; a study's shared checkpoint, `exp.sft.init_from`)."""
     d = pathlib.Path(directory)
     try:
         load_sft_params(c, d)
@@ -286,8 +292,11 @@ def ensure_sft_checkpoint(c, directory: str | pathlib.Path) -> None:
     print(f"no SFT checkpoint in {d}: running experiments/rl.py's SFT stage there", flush=True)
     d.parent.mkdir(parents=True, exist_ok=True)
     log = MetricsWriter(d.parent, c, jsonl="sft_metrics.jsonl")
-    config_edit_warm_start(c, family_from_config(c.exp), tokenizer_from_config(c), d.parent, log,
-                           run_keys(c.seed)["init"], name=d.name)
+    if demos is None:
+        config_edit_warm_start(c, family_from_config(c.exp), tokenizer_from_config(c), d.parent, log,
+                               run_keys(c.seed)["init"], name=d.name)
+    else:
+        two_stage_sft(initial_params(c, run_keys(c.seed)["init"]), demos, c, d.parent, log, name=d.name)
     log.close()
 
 

@@ -186,6 +186,7 @@ def _containers():
      r"rl\.sampler\.engine_refill_slots=99: must be <= rl\.sampler\.engine_slots=32"),
     ("rl", ["--config.exp.ledger=docs/results/x.jsonl"], r"exp\.arm='': must label the run's arm"),
     ("rl", ["--config.rl.sampler.compute_dtype=fp8"], r"rl\.sampler\.compute_dtype='fp8': must be ''"),
+    ("rl", ["--config.exp.env=key_recall"], r"exp\.task: the key_recall family needs the option 'n_logs'"),
     ("rl", ["--config=configs/parallel_calls.py", "--config.agent.max_parallel_calls=0"],
      r"agent\.max_parallel_calls=0: must be in \[1, inf\]"),
     ("rl", ["--config.model.replay_plausibility_score=gates"], r"model\.replay_plausibility_score='gates'"),

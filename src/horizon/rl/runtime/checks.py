@@ -167,8 +167,13 @@ def validate_family(c, env: str | None) -> None:
     need_choice(e, "env", "exp", FAMILIES if env is None else ((env,) if isinstance(env, str) else tuple(env)))
     try:
         family_from_config(e).tasks("train", 1)
+    except AttributeError as err:       # a ConfigDict without a field the family reads
+        raise ConfigError(f"exp.task: the {e.env} family needs the option {str(err).strip(chr(34))}") from None
     except (ValueError, TypeError, KeyError) as err:
         raise ConfigError(f"exp.task: {' '.join(str(err).split())}") from None
+    if e.env in ("key_recall", "key_relay"):       # their SFT mixes these strategies' demos (studies.selfsum)
+        need("strategies" in e, "exp.strategies", None,
+             f"exp.env={e.env!r} needs the strategies of its SFT demos (configs/rl_keyrecall.py)")
 
 
 def validate_pool_size(c) -> None:

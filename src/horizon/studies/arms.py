@@ -27,7 +27,7 @@ TRAIN_KEYS = {"reward_mean": "train reward", "sampler_logprob_diff": "log-prob g
               "sampler_logprob_diff_max": "log-prob gap (max)", "routing/own_vs_sampler": "routing differs: own",
               "routing/trained_vs_sampler": "routing differs: trained", "grad_norm": "grad norm",
               "kl_k1": "KL to ref (k1)"}
-# over the steps: the largest grad norm and log-prob gap, the reward of the last quarter, where it diverged
+# over the steps: the largest grad norm, the reward of the last quarter, the step where it diverged (if it did)
 EXTREMES = {"grad_norm_max": "grad norm (max)", "reward_last": "train reward (last quarter)",
             "diverged_at": "diverged at step"}
 DIVERGENCE_FACTOR = 10.0      # a grad norm this many times the median of the first steps counts as divergence

@@ -15,6 +15,8 @@ def model_config() -> ml_collections.ConfigDict:
     m.tokenizer = "byte"          # "byte" | a tokenizer.json (or a directory holding one): horizon.data.tokenizer
     m.init_from = ""              # an HF checkpoint dir: architecture (+ tokenizer.json) and weights from it
     #                               (horizon.model.hf.apply_init_from / pretrained_params)
+    m.init_checkpoint = ""        # or a horizon run's checkpoint dir (e.g. runs/pretrain_rl/seed0/checkpoints): the
+    m.init_step = -1              # params of its step init_step (-1 = the newest; train.save_steps keeps budgets)
     m.d_model = 64                # HF hidden_size
     m.num_layers = 3              # HF num_hidden_layers
     m.first_k_dense = 1           # HF first_k_dense_replace
@@ -102,6 +104,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.eval_batches = 4
     c.train.checkpoint_every = 100
     c.train.max_checkpoints = 2
+    c.train.save_steps = ()       # steps also checkpointed and evaluated, kept for later runs (0 = the init; they
+    #                               must fit in max_checkpoints): e.g. pretraining budgets, model.init_checkpoint
     c.train.output_dir = "runs/pretrain_tiny"
     c.train.compilation_cache_dir = "runs/jax_cache"  # persistent XLA cache ("" = off); speeds restarts
 

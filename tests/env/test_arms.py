@@ -7,7 +7,8 @@ import ml_collections
 import pytest
 
 from horizon.eval.sweep import load_sweep
-from horizon.studies import arms, ledger, results_md
+from horizon.studies import arms, fit, ledger, results_md
+from horizon.utils.config import load_config_file
 
 PROV = dict(git_commit="0123456789abcdef0123", git_dirty=False, started_at="2026-01-02T03:04:05+00:00", host="h")
 
@@ -117,3 +118,44 @@ def test_section_shows_the_diagnostics_an_arm_logged_and_its_parallel_call_rate(
     # after SFT 2 of 12 calls were parallel, after RL 6 of 12: +0.333, paired over the same tasks and passes
     assert "| 1.5 | - |" in table                     # grad norm (3 significant digits), no divergence
     assert "0.167 -> 0.500 (+0.333 [" in table
+
+
+def test_a_line_through_points_by_hand():
+    f = fit.linear_fit([1.0, 2.0, 3.0, float("nan")], [3.0, 5.0, 7.0, 1.0], samples=200, seed=0)
+    assert f["points"] == 3                     # the NaN point is dropped
+    assert (f["slope"], f["intercept"], f["r"]) == pytest.approx((2.0, 1.0, 1.0))
+    assert (f["ci_lo"], f["ci_hi"]) == pytest.approx((2.0, 2.0))    # every resample lies on the same line
+    noisy = fit.linear_fit([1, 2, 3, 4], [1.0, 0.0, 1.0, 0.0], samples=400, seed=0)
+    assert noisy["slope"] == pytest.approx(-0.2) and noisy["ci_lo"] < -0.2 < noisy["ci_hi"]
+    assert fit.linear_fit([1, 2], [1, 2])["slope"] is None                 # fewer than 3 points
+    assert fit.linear_fit([1, 1, 1], [1, 2, 3])["slope"] is None           # x does not vary
+
+
+def test_runs_from_pretraining_budgets_get_a_fit_on_their_start_loss():
+    rows = []
+    # (seed, budget, loss, post-RL solved of 4): success falls by 0.25 per unit of loss, exactly
+    for seed, budget, loss, k in ((0, 0, 5.0, 0), (0, 100, 4.0, 1), (0, 400, 3.0, 2), (1, 0, 5.0, 0), (1, 400, 2.0, 3)):
+        for r in run(f"budget: {budget}", seed=seed, end=tuple(i < k for i in range(4))):
+            rows.append(dict(r, init=dict(checkpoint=f"runs/pt/seed{seed}/checkpoints", step=budget, eval_loss=loss,
+                                          seed=seed)))
+    for r in rows:
+        ledger.validate_row(r)
+    pts = fit.runs(rows)
+    assert [(p["seed"], p["step"], p["post-RL success"]) for p in pts] == [
+        (0, 0, 0.0), (0, 100, 0.25), (0, 400, 0.5), (1, 0, 0.0), (1, 400, 0.75)]
+    text = results_md.study_section("s", rows, None, samples=200, level=0.95, seed=0)
+    line = next(ln for ln in text.splitlines() if ln.startswith("| post-RL success |"))
+    assert "| -0.250 [-0.250, -0.250] |" in line and "| 1.250 |" in line and "| -1.000 |" in line and "| 5 |" in line
+    assert "| 0 | budget: 0 | 0 | 5.0000 |" in text        # the runs' table: seed, arm, start step, its loss
+    assert not fit.has_init_loss(run("a"))               # a study without starts keeps its old section
+
+
+def test_the_pretraining_sweep_starts_each_arm_from_a_budget_with_its_own_sft():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    settings, runs = load_sweep(root / "configs/sweeps/pretrain_rl.py")
+    budgets = tuple(load_config_file(root / "configs/pretrain_rl.py").train.save_steps)
+    assert [r["model.init_step"] for r in runs] == list(budgets) and budgets[0] == 0 and len(budgets) >= 4
+    assert len({r["exp.arm"] for r in runs}) == len(runs)
+    assert "exp.sft.init_from" not in settings["BASE_OVERRIDES"]      # each start gets its own SFT
+    assert settings["BASE_OVERRIDES"]["model.init_checkpoint"].startswith(
+        load_config_file(root / "configs/pretrain_rl.py").train.output_dir)

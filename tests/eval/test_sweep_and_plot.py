@@ -139,6 +139,31 @@ def test_a_sweep_of_two_members_writes_two_tensorboard_and_wandb_runs(tmp_path, 
         assert [h["train/loss"] for h in hist if "train/loss" in h] == pytest.approx([lr, 2 * lr, 3 * lr])
 
 
+def test_overrides_given_to_the_sweep_apply_to_every_run_last_and_name_its_output(tmp_path, monkeypatch):
+    """experiments/sweep.py --config.seed=1: every member gets it after the sweep's own overrides, and the
+    default output dir carries it, so a second seed never resumes the first one's runs."""
+    from horizon.eval import sweep
+    from horizon.utils import cli
+    (tmp_path / "fake_cfg.py").write_text(FAKE_CONFIG)
+    (tmp_path / "sw.py").write_text(f"CONFIG = {str(tmp_path / 'fake_cfg.py')!r}\nOUT_FIELD = 'out'\n"
+                                    "BASE_OVERRIDES = {'seed': 0}\n"
+                                    "def get_sweep():\n    return [{'train.lr': 0.1}, {'train.lr': 0.2, 'seed': 5}]\n")
+    common = cli.overrides(["--config.seed=1", "--config.train.steps=7"])
+    assert common == {"seed": "1", "train.steps": "7"}
+    rows = sweep.run_sweep(tmp_path / "sw.py", root=tmp_path, dry_run=True, common=common)
+    assert [r["seed"] for r in rows] == [1, 1]
+    out = tmp_path / "runs" / "sweeps" / "sw+seed=1+steps=7"
+    for r in rows:
+        info = json.loads((out / r["run"] / "sweep_run.json").read_text())
+        assert info["common_overrides"] == common and "--config.train.steps=7" in info["command"]
+    with pytest.raises(cli.ConfigError, match="unexpected argument '--seed=1'"):
+        cli.overrides(["--seed=1"])
+    drv = _load("drv_sweep", REPO / "experiments" / "sweep.py")
+    with pytest.raises(SystemExit) as e:
+        drv.main([f"--sweep={tmp_path / 'sw.py'}", "--dry_run", "--config.train.nope=1"])
+    assert e.value.code == 2
+
+
 def test_sweep_rejects_unknown_override_and_git_unknown(tmp_path):
     from horizon.eval import sweep
     (tmp_path / "fake_cfg.py").write_text(FAKE_CONFIG)

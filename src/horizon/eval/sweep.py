@@ -127,16 +127,26 @@ def table_rows(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "provenance"} for r in rows]
 
 
+def default_out(root: pathlib.Path, name: str, common: dict) -> pathlib.Path:
+    """runs/sweeps/<NAME>, suffixed with the overrides every run gets (``+seed=1``): another seed of a sweep
+    never resumes the first one's runs."""
+    tail = "".join(f"+{k.split('.')[-1]}={v}" for k, v in common.items())
+    return root / "runs" / "sweeps" / re.sub(r"[^A-Za-z0-9_.=+-]", "_", name + tail)[:120]
+
+
 def run_sweep(sweep_path: str | pathlib.Path, out: str | pathlib.Path | None = None, *, root: str | pathlib.Path,
-              dry_run: bool = False, timeout_s: float | None = None, env: dict | None = None) -> list[dict]:
-    """Run every override of the sweep file; returns the summary rows (also written to disk)."""
+              dry_run: bool = False, timeout_s: float | None = None, env: dict | None = None,
+              common: dict | None = None) -> list[dict]:
+    """Run every override of the sweep file, each with `common` last ({"seed": 1}: every run's); returns the
+    summary rows (also written to disk)."""
     root = pathlib.Path(root)
     settings, runs = load_sweep(sweep_path)
-    out_dir = pathlib.Path(out or root / "runs" / "sweeps" / settings["NAME"]).resolve()
+    common = dict(common or {})
+    out_dir = pathlib.Path(out or default_out(root, settings["NAME"], common)).resolve()
     commit = git_commit(root)
     plan = []
     for i, ov in enumerate(runs):       # every run's arguments parsed before the first run starts
-        merged = {**settings["BASE_OVERRIDES"], **ov}
+        merged = {**settings["BASE_OVERRIDES"], **ov, **common}
         name = run_name(i, ov)
         cfg = cli.parse(config_args(settings, merged, out_dir / name, root), default="")
         extra = tracking_overrides(cfg, merged, settings["NAME"], name)
@@ -151,7 +161,7 @@ def run_sweep(sweep_path: str | pathlib.Path, out: str | pathlib.Path | None = N
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.json")
         cmd = command(settings, merged, run_dir, root)
-        info = dict(run=name, overrides=ov, base_overrides=settings["BASE_OVERRIDES"],
+        info = dict(run=name, overrides=ov, base_overrides=settings["BASE_OVERRIDES"], common_overrides=common,
                     seed=int(cfg.get("seed", -1)), git_commit=commit, script=settings["SCRIPT"],
                     config=settings["CONFIG"], command=cmd)
         prov = Provenance.start(cfg)

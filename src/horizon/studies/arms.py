@@ -16,9 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from horizon.eval.report import markdown_table
-from horizon.studies import ledger
+from horizon.studies import fit, ledger
 from horizon.studies.gains import paired_gain, success_ci
 from horizon.studies.results_fmt import ci, num, seeds_cell, signed
+from horizon.train.checkpoint import init_checkpoint_step, restore_meta
 from horizon.utils.provenance import REPO
 
 # per-step RL metrics averaged over a run's steps (the reward, the sampler/trainer mismatch, the update's size
@@ -79,6 +80,20 @@ def ledger_file(c) -> pathlib.Path | None:
     return REPO / path if path else None
 
 
+def init_record(c) -> dict:
+    """Where a run started, for its rows: `model.init_checkpoint` (repository-relative), its step and the held-out
+    loss saved with that step (`train.save_steps`: a pretraining budget's); {} for a fresh init or an HF start."""
+    m = c.get("model") or {}
+    src = str(m.get("init_checkpoint", "") or "")
+    if not src:
+        return {}
+    step = init_checkpoint_step(m)
+    meta = restore_meta(src, step)
+    path = str(pathlib.Path(src).resolve()).replace(f"{REPO}/", "")
+    kept = {k: meta[k] for k in ("eval_loss", "seed") if k in meta}      # the held-out loss; the run's seed
+    return dict(checkpoint=path, step=int(step), **kept)
+
+
 def record_run(c, evals: dict, records: Sequence[dict], provenance: dict, **extra) -> int:
     """Append a finished run's rows to its ledger (`ledger_file`); the study is the ledger's stem and the
     arm `exp.arm`. A rerun of an arm and seed replaces its rows (`ledger.read_rows` keeps the last)."""
@@ -87,6 +102,9 @@ def record_run(c, evals: dict, records: Sequence[dict], provenance: dict, **extr
         return 0
     if "command" in extra:          # repository-relative paths (a sweep passes absolute ones)
         extra["command"] = str(extra["command"]).replace(f"{REPO}/", "")
+    start = init_record(c)
+    if start:
+        extra["init"] = start
     rows = run_rows(evals, records, study=book.stem, arm=str(c.exp.arm), seed=int(c.seed), provenance=provenance,
                     **extra)
     return ledger.append_rows(book, rows)
@@ -120,7 +138,8 @@ def section(rows: Sequence[dict], *, samples: int, level: float, seed: int) -> s
     """One line per arm (in ledger order): episodes, seeds, post-SFT and post-RL success with CIs, the
     paired RL gain, tokens / tool calls / turns per solved episode after RL, the diagnostics any arm logged
     (`TRAIN_KEYS`, `EXTREMES`: means over the arm's seeds, 3 significant digits: the mismatch is often ~1e-5)
-    and, where an arm made parallel calls, the parallel-call rate after SFT and after RL."""
+    and, where an arm made parallel calls, the parallel-call rate after SFT and after RL. Where every run
+    started from a checkpoint with a held-out loss, `fit.section` follows (pretraining -> RL)."""
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     labels = {**TRAIN_KEYS, **EXTREMES}
     columns = [k for k in labels if any(k in r["train"] for r in rows)]
@@ -147,6 +166,8 @@ def section(rows: Sequence[dict], *, samples: int, level: float, seed: int) -> s
     if pairs:
         out += ("\n**Post-RL success against the first arm of its group** (a label's part before \": \"; "
                 "paired over seeds x tasks x passes)\n\n" + markdown_table(pairs) + "\n")
+    if fit.has_init_loss(rows):         # runs started from checkpoints with a held-out loss: pretraining -> RL
+        out += fit.section(rows, samples=samples, level=level, seed=seed)
     return out
 
 

@@ -201,13 +201,39 @@ class Checkpointer:
         self.close()
 
 
-def restore_params(directory: str | pathlib.Path, model_cfg) -> tuple[Any, dict]:
-    """(params, meta) of the newest step in a `Checkpointer` directory whose `state` item holds
+def saved_steps(directory: str | pathlib.Path) -> list[int]:
+    """The steps a `Checkpointer` directory holds (its numeric subdirectories, sorted; [] if none):
+    a cheap listing for config checks, without opening a manager."""
+    path = pathlib.Path(directory)
+    return sorted(int(d.name) for d in path.iterdir() if d.is_dir() and d.name.isdigit()) if path.is_dir() else []
+
+
+def init_checkpoint_step(model_cfg) -> int:
+    """The step `model.init_checkpoint` names: `model.init_step`, or with -1 the directory's newest."""
+    step = int(model_cfg.get("init_step", -1))
+    return step if step >= 0 else max(saved_steps(str(model_cfg.init_checkpoint)), default=-1)
+
+
+def restore_meta(directory: str | pathlib.Path, step: int) -> dict:
+    """The JSON meta saved with `step` (e.g. ``data_step``, ``eval_loss``: `horizon.train.loop`), without its state."""
+    mngr = ocp.CheckpointManager(pathlib.Path(directory).resolve(), item_names=("state", "meta"),
+                                 item_handlers=dict(state=ocp.StandardCheckpointHandler(),
+                                                    meta=ocp.JsonCheckpointHandler()))
+    try:
+        raw = mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    finally:
+        mngr.close()
+    return dict(raw["meta"] or {})
+
+
+def restore_params(directory: str | pathlib.Path, model_cfg, *, step: int | None = None) -> tuple[Any, dict]:
+    """(params, meta) of one step in a `Checkpointer` directory whose `state` item holds
     `params` (an lm TrainState, an RL RLState, or a dict): the one checkpoint-to-params loader
-    (SFT warm starts, eval, the async runtime). The tree and every shape must match
+    (SFT warm starts, eval, the async runtime, `model.init_checkpoint`). The tree and every shape must match
     `model_cfg`'s params (one-line `ValueError` otherwise); values are cast to its dtypes.
-    `FileNotFoundError` when the directory or its steps are missing. The newest intact step is read
-    (`latest_intact_step`; `CheckpointCorruptError` if none). meta gets `step` and `source`."""
+    `FileNotFoundError` when the directory or its steps (or `step`) are missing. Without `step` the newest
+    intact step is read (`latest_intact_step`; `CheckpointCorruptError` if none); `step` is verified
+    (`verify_step`). meta gets `step` and `source`."""
     path = pathlib.Path(directory).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint dir {path} does not exist")
@@ -215,7 +241,12 @@ def restore_params(directory: str | pathlib.Path, model_cfg) -> tuple[Any, dict]
                                  item_handlers=dict(state=ocp.StandardCheckpointHandler(),
                                                     meta=ocp.JsonCheckpointHandler()))
     try:
-        step = latest_intact_step(path, mngr.all_steps())   # corrupt newer steps: logged, skipped
+        if step is None:
+            step = latest_intact_step(path, mngr.all_steps())   # corrupt newer steps: logged, skipped
+        elif int(step) not in mngr.all_steps():
+            raise FileNotFoundError(f"no checkpoint step {step} in {path} (it holds {sorted(mngr.all_steps())})")
+        else:
+            verify_step(path, int(step))
         if step is None:
             raise FileNotFoundError(f"no checkpoint steps in {path}")
         # onto this process's default device, whatever mesh wrote it (the caller's run places the

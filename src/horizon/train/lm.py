@@ -73,7 +73,22 @@ def validate_train_config(c: ml_collections.ConfigDict) -> None:
     optim.validate_optim_config(t, "train", need_int(t, "steps", "train", lo=1), "train.steps")
     for k in ("log_every", "eval_every", "eval_batches", "checkpoint_every", "max_checkpoints"):
         need_int(t, k, "train", lo=1)
+    validate_save_steps(t)
     need(bool(str(t.output_dir)), "train.output_dir", t.output_dir, "must name a run directory")
+
+
+def validate_save_steps(t: ml_collections.ConfigDict) -> None:
+    """`train.save_steps` (optional): steps in [0, steps], all of which the run keeps: with the periodic and
+    final checkpoints they must fit in `max_checkpoints` (the manager deletes the oldest beyond it)."""
+    keep = tuple(t.get("save_steps", ()) or ())
+    need(all(isinstance(k, int) and 0 <= k <= int(t.steps) for k in keep), "train.save_steps", keep,
+         f"must be integer steps in [0, train.steps={t.steps}]")
+    if keep:
+        saved = set(keep) | set(range(int(t.checkpoint_every), int(t.steps) + 1, int(t.checkpoint_every))) | {
+            int(t.steps)}
+        need(len(saved) <= int(t.max_checkpoints), "train.max_checkpoints", t.max_checkpoints,
+             f"must be >= the {len(saved)} steps the run saves (save_steps, every checkpoint_every, the last), "
+             "or some of train.save_steps are deleted")
 
 
 def trainable_mask(params: Any, cfg: ml_collections.ConfigDict) -> Any:

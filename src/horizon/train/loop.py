@@ -3,11 +3,13 @@
 `train_stage(cfg, prov)` trains `cfg` in `cfg.train.output_dir`: the one `lm` train step on the mesh
 of `cfg.mesh` (docs/SPEC.md §2), train loss every `log_every`, held-out loss every `eval_every` (and
 at step 0) through `horizon.utils.tracking.MetricsWriter` (metrics.jsonl, TensorBoard, W&B), a
-checkpoint every `checkpoint_every` and at the end, a loss-curve PNG and summary.json (with
-provenance). It resumes from the newest checkpoint in that directory (also across meshes); a stage
-whose last step is already checkpointed trains nothing and only rewrites its summary. Without a
-checkpoint, `init_params()` (when given) replaces the fresh params: a later stage starts from an
-earlier one's params with a fresh optimizer state (`horizon.train.stages`, docs/SPEC.md §1.4).
+checkpoint every `checkpoint_every`, at each of `save_steps` (0 = the init; held-out loss is evaluated
+there and kept in the checkpoint's meta, so a run started from it, `model.init_checkpoint`, reports it)
+and at the end, a loss-curve PNG and summary.json (with provenance). It resumes from the newest
+checkpoint in that directory (also across meshes); a stage whose last step is already checkpointed
+trains nothing and only rewrites its summary. Without a checkpoint, `init_params()` (when given)
+replaces the fresh params: a later stage starts from an earlier one's params with a fresh optimizer
+state (`horizon.train.stages`, docs/SPEC.md §1.4).
 """
 
 from __future__ import annotations
@@ -100,7 +102,15 @@ def train_stage(cfg: ml_collections.ConfigDict, prov: Provenance, *, desc: str =
     print("train step collectives (bytes per device): " + (", ".join(f"{k} {v:,}" for k, v in coll.items() if v)
                                                           or "none"), flush=True)
     batches = itertools.chain([first], batches)
+    keep_steps = {int(k) for k in tc.get("save_steps", ())}    # budgets a later run starts from (eval + save)
     last_eval = run_eval(0) if start == 0 else float("nan")
+
+    def save(step, evaluated):
+        meta = {"data_step": step, "seed": cfg.seed, **({"eval_loss": last_eval} if evaluated else {})}
+        ckpt.save(step, state, meta, force=True)
+
+    if start == 0 and 0 in keep_steps:
+        save(0, True)
     t_start, t_first, tokens = time.time(), None, 0.0  # tokens/s measured after the first (compiling) step
     step = start
     bar = progress(total=tc.steps, initial=start, desc=desc, unit="step")
@@ -112,7 +122,8 @@ def train_stage(cfg: ml_collections.ConfigDict, prov: Provenance, *, desc: str =
             t_first = time.time()
         else:
             tokens += m["tokens"]
-        if step % tc.eval_every == 0 or step == tc.steps:
+        evaluated = step % tc.eval_every == 0 or step == tc.steps or step in keep_steps
+        if evaluated:
             last_eval = run_eval(step)
         if step % tc.log_every == 0 or step == tc.steps:
             tps = tokens / max(time.time() - t_first, 1e-9)
@@ -121,8 +132,8 @@ def train_stage(cfg: ml_collections.ConfigDict, prov: Provenance, *, desc: str =
                 f"| gnorm {m['grad_norm']:.3f} | {tps:,.0f} tok/s")
             bar.set_postfix(loss=m["loss"])
         bar.update(1)
-        if ckpt.should_save(step) or step == tc.steps:
-            ckpt.save(step, state, {"data_step": step, "seed": cfg.seed}, force=True)
+        if ckpt.should_save(step) or step == tc.steps or step in keep_steps:
+            save(step, evaluated)
     bar.close()
     ckpt.close()
 

@@ -82,6 +82,18 @@ def parse(argv: list[str] | None, *, default: str) -> ml_collections.ConfigDict:
     return holder.value
 
 
+def overrides(argv: list[str]) -> dict[str, str]:
+    """{"a.b": "v"} of `--config.a.b=v` arguments (values unparsed: the config that receives them parses
+    them); `ConfigError` on any other argument (a wrapper's pass-through, experiments/sweep.py)."""
+    out = {}
+    for a in argv:
+        if not (a.startswith("--config.") and "=" in a):
+            raise ConfigError(f"unexpected argument {a!r}: overrides are --config.a.b=VALUE")
+        k, v = a[len("--config."):].split("=", 1)
+        out[k] = v
+    return out
+
+
 def _missing(config: ml_collections.ConfigDict, arg: str) -> bool:
     """Whether `--config.a.b=v` names a path that `config` lacks."""
     node = config

@@ -30,6 +30,7 @@ from horizon.rl.runtime.weight_sync import CODECS, DTYPES
 from horizon.rl.runtime.workers import KV_MODES
 from horizon.sandbox import docker_available
 from horizon.sandbox.docker import EXECUTORS
+from horizon.train.checkpoint import saved_steps
 from horizon.train.optim import validate_optim_config
 from horizon.utils.config import ConfigError, need, need_choice, need_float, need_int
 from horizon.utils.files import storage_protocols
@@ -43,6 +44,20 @@ def validate_model(c) -> None:
     transformer.validate_config(c.model)
     need_int(c.model, "max_seq_len", "model", lo=8)
     validate_tokenizer(c.model)
+    validate_init_checkpoint(c.model)
+
+
+def validate_init_checkpoint(m) -> None:
+    """`model.init_checkpoint` / `model.init_step`: a checkpoint directory that holds the step, and not
+    together with `model.init_from` (one starting point)."""
+    src = str(m.get("init_checkpoint", "") or "")
+    if not src:
+        return
+    need(not str(m.get("init_from", "") or ""), "model.init_checkpoint", src, "and model.init_from are both set")
+    steps = saved_steps(src)
+    need(bool(steps), "model.init_checkpoint", src, "holds no checkpoint steps (a run's checkpoints/ directory)")
+    step = int(m.get("init_step", -1))
+    need(step == -1 or step in steps, "model.init_step", step, f"is not among {src}'s steps {steps}")
 
 
 def validate_agent_budget(c) -> None:

@@ -29,7 +29,7 @@ from horizon.parallel import mesh as pmesh
 from horizon.rl.runtime.loop import Log
 from horizon.tasks.swebench import load_swebench
 from horizon.train import lm
-from horizon.train.checkpoint import Checkpointer, restore_params
+from horizon.train.checkpoint import Checkpointer, init_checkpoint_step, restore_params
 from horizon.utils import compiles
 from horizon.utils.progress import progress, say
 from horizon.utils.seeds import run_keys
@@ -162,10 +162,13 @@ def clean_sft(params, rows, c, out: pathlib.Path, log: Log, *, name: str, probe=
 
 
 def initial_params(c, key):
-    """A run's starting params: `model.init_from`'s checkpoint (`hf.pretrained_params`) or
-    `transformer.init(key)`."""
+    """A run's starting params: `model.init_from`'s checkpoint (`hf.pretrained_params`), the step
+    `model.init_step` of a horizon run's checkpoints (`model.init_checkpoint`: e.g. a pretraining budget,
+    `train.save_steps`) or `transformer.init(key)`."""
     if str(c.model.get("init_from", "") or ""):
         return hf.pretrained_params(c, key)
+    if str(c.model.get("init_checkpoint", "") or ""):
+        return restore_params(str(c.model.init_checkpoint), c.model, step=init_checkpoint_step(c.model))[0]
     return transformer.init(key, c.model)
 
 

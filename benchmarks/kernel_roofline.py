@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     hw = roofline.HOPPER
     print(f"Hopper per SM per clock: FP8 MMA {hw.fp8_fma} FMA, BF16 MMA {hw.bf16_fma} FMA, issue {hw.issue_lanes} "
           f"lanes; data sheet {hw.fp8_tflops:.0f} / {hw.bf16_tflops:.0f} TF/s (FP8 / BF16 dense, {hw.sms} SMs)")
-    for fmt in ("mxfp8", "nvfp4_fp8_promotion", "k128_deepgemm"):
+    for fmt in roofline.FORMATS:
         f = roofline.FORMATS[fmt]
         print(f"  {fmt}: scale block K={f.block_k}, {f.promote_ops} FP32 ops per accumulator element per block -> "
               f"promotion / MMA time {roofline.promotion_ratio(fmt):.2f}; ceiling "

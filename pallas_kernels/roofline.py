@@ -42,7 +42,10 @@ class Format:
 # nvfp4_fp8_promotion: NVFP4 through FP8 wgmma (E2M1 x E4M3 is not exact in E4M3, so per-16 promotion).
 # k128_deepgemm: DeepGEMM's per-128 blocks with one weight scale per 128 x 128 block: sa[row] * sb is formed once
 # per row and block, so one fused add per element.
-FORMATS = {"mxfp8": Format(32, 2.0), "nvfp4_fp8_promotion": Format(16, 2.0), "k128_deepgemm": Format(128, 1.0)}
+# mxfp8_zeroed: the same with a fresh zeroed accumulator per block (one more instruction per element), as a kernel
+# that allocates its partial-sum accumulator per block does unless the wgmma skips the old accumulator.
+FORMATS = {"mxfp8": Format(32, 2.0), "mxfp8_zeroed": Format(32, 3.0), "nvfp4_fp8_promotion": Format(16, 2.0),
+           "k128_deepgemm": Format(128, 1.0)}
 MODES = ("overlapped", "serialized")
 
 

@@ -11,7 +11,8 @@ Per kernel and shape (A [M, K] @ B [N, K]^T, written MxKxN):
   scales applied elementwise, an exact bf16 value, then a bf16 dot), and the kernel's ratio to both.
 
 On a Blackwell GPU (sm_100) the dense rows time the tcgen05 kernels instead (never run anywhere yet).
-Kernels: MXFP8 dense (per-32 promotion; `--tile-ns` sweeps tile_n), NVFP4 dense (per-token decode
+Kernels: MXFP8 dense (per-32 promotion; `--tile-ns` sweeps tile_n, each with the promotion waited for and
+overlapped with the next block's wgmma, `HopperConfig.overlap`), NVFP4 dense (per-token decode
 scales, BF16 decode), grouped MoE MXFP8 (`--grouped T,G,K,N`: T expert-sorted rows over G experts,
 random group sizes with one empty group; baselines: the dense per-tensor FP8 dot of the same FLOPs and
 dequantize-then-`grouped_matmul` in bf16), and the two quantize kernels (bytes/s and bit-exactness vs
@@ -156,7 +157,7 @@ def dequant_bf16_dot(qa, qb):
                                (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32).astype(jnp.bfloat16)
 
 
-def kernel_fn(fmt: str, bench: Bench, tile_n: int | None):
+def kernel_fn(fmt: str, bench: Bench, tile_n: int | None, overlap: bool = False):
     from pallas_kernels import _common as C
     from pallas_kernels import blockscaled_matmul_hopper as H
     sms = bench.args.num_sms
@@ -173,8 +174,7 @@ def kernel_fn(fmt: str, bench: Bench, tile_n: int | None):
     def f(qa, qb):
         m, n, k = qa.values.shape[0], qb.values.shape[0], qa.values.shape[1]
         cfg = H.auto_config(m, n, k)
-        if tile_n:
-            cfg = C.HopperConfig(cfg.tile_m, tile_n, cfg.tile_k)
+        cfg = C.HopperConfig(cfg.tile_m, tile_n or cfg.tile_n, cfg.tile_k, overlap=overlap)
         if fmt == "mxfp8":
             return H.mxfp8_matmul_from_parts(qa.values, qa.scales, qb.values, qb.scales, out_dtype=jnp.bfloat16,
                                              config=cfg, num_sms=sms, interpret=bench.interp)
@@ -201,25 +201,29 @@ def dense(bench: Bench, fmt: str, shapes, tile_ns) -> None:
         except Exception as e:  # noqa: BLE001
             progress.say(f"  baseline failed at {m}x{k}x{n}: {type(e).__name__}: {str(e)[:300]}")
         ref = blockscaled_matmul_reference(*sets[0], out_dtype=jnp.float32)
-        for tn in (tile_ns if fmt == "mxfp8" and bench.backend == "hopper" else [None]):
-            rec = dict(kernel=f"{fmt}_dense", shape=f"{m}x{k}x{n}", tile_n=tn, flops=fl,
+        # MXFP8 on Hopper: every tile_n with promotion waited for and overlapped (HopperConfig.overlap)
+        variants = ([(tn, ov) for tn in tile_ns for ov in (False, True)] if fmt == "mxfp8" and bench.backend == "hopper"
+                    else [(None, False)])
+        for tn, ov in variants:
+            rec = dict(kernel=f"{fmt}_dense", shape=f"{m}x{k}x{n}", tile_n=tn, overlap=ov, flops=fl,
                        fp8_dot_s=base.get("fp8"), deq_bf16_s=base.get("deq"), fp8_gemm=base.get("fp8_target"))
+            tag = f"{tn}{'+ov' if ov else ''}"
             try:
-                kf = jax.jit(kernel_fn(fmt, bench, tn))
+                kf = jax.jit(kernel_fn(fmt, bench, tn, ov))
                 t, first = bench.time(kf, sets)
                 err = rel_err(kf(*sets[0]), ref)
                 rec.update(seconds=t, first_call_s=first, max_err=err, tflops=fl / t / 1e12)
                 r8 = base["fp8"] / t if "fp8" in base else float("nan")
                 rd = base["deq"] / t if "deq" in base else float("nan")
-                progress.say(f"{m:>6}x{k}x{n:<6} {str(tn):>6} {err:>9.2e} {fl / t / 1e12:>11.1f} "
+                progress.say(f"{m:>6}x{k}x{n:<6} {tag:>6} {err:>9.2e} {fl / t / 1e12:>11.1f} "
                              f"{fl / base.get('fp8', float('nan')) / 1e12:>12.1f} "
                              f"{fl / base.get('deq', float('nan')) / 1e12:>13.1f} "
                              f"{r8:>6.2f} {rd:>6.2f} {first:>9.1f}")
                 if not np.isfinite(err) or err > 1e-2:
-                    progress.say(f"  CORRECTNESS FAILURE: {fmt} {m}x{k}x{n} tile_n={tn}: max err {err}")
+                    progress.say(f"  CORRECTNESS FAILURE: {fmt} {m}x{k}x{n} tile_n={tag}: max err {err}")
             except Exception as e:  # noqa: BLE001
                 rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-                progress.say(f"{m:>6}x{k}x{n:<6} {str(tn):>6} FAILED {rec['error'][:400]}")
+                progress.say(f"{m:>6}x{k}x{n:<6} {tag:>6} FAILED {rec['error'][:400]}")
                 traceback.print_exc(limit=3)
             bench.record(rec)
         if "fp8_target" in base:

@@ -76,6 +76,14 @@ def wgmma_nt(acc_ref: Any, a_ref: Any, b_ref: Any, interpret: Any) -> None:
     pl.run_scoped(inner, plgpu.SMEM((k, n), b_ref.dtype))
 
 
+def accumulator_load(acc_ref: Any, wait_n: int, interpret: Any) -> jax.Array:
+    """The value of a wgmma accumulator once at most `wait_n` wgmma groups are still in flight
+    (`plgpu.wgmma_accumulator_load`); under the interpreter, whose wgmma is synchronous, a plain read."""
+    if is_interpret(interpret):
+        return acc_ref[...]
+    return plgpu.wgmma_accumulator_load(acc_ref, wait_n=wait_n)
+
+
 def smem_transforms(minor_elems: int, dtype: Any) -> tuple[Any, ...]:
     """Tiling + swizzle transforms for an SMEM operand whose minor dim holds `minor_elems`."""
     swizzle = plgpu.find_swizzle(minor_elems * jnp.dtype(dtype).itemsize * 8)
@@ -98,11 +106,15 @@ class HopperConfig:
     tile_m: rows of A per CTA (multiple of 64: one warpgroup wgmma M).
     tile_n: rows of B per CTA (multiple of 8, <= 256: wgmma N limit).
     tile_k: K elements loaded per TMA step (multiple of the scale block).
+    overlap: MXFP8 only: two partial-sum accumulators, so scale block j+1's wgmma is in flight while block j
+      is promoted (docs/KERNELS.md "Roofline": the promotion bounds the kernel at 1/3 of the FP8 peak when
+      waited for, 1/2 when overlapped). Off by default until a GPU run has timed it.
     """
 
     tile_m: int = 64
     tile_n: int = 128
     tile_k: int = 128
+    overlap: bool = False
 
     def check(self) -> None:
         if self.tile_m % 64:

@@ -96,21 +96,47 @@ def _mxfp8_kernel(a_g, b_g, sa_g, sb_g, o_g, *, cfg: C.HopperConfig, m_tiles: in
                     issue(mi, ni, kc + 1, 1 - slot)
 
                 wait(slot)
-                for j in range(nsub):
+
+                def block_mma(p_ref, j):
                     sub = pl.ds(j * MX_BLOCK, MX_BLOCK)
+                    C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)
 
-                    def mma(p_ref):
-                        C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)  # noqa: B023 - run_scoped traces it now
-                        plgpu.wgmma_wait(0)
-                        return p_ref[...]
-
-                    partial = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
+                def promote(acc, partial, j):
                     sa = C.load_with_layout(sa_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(1),
                                             interpret)
                     sb = C.load_with_layout(sb_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(0),
                                             interpret)
                     scale = lax.broadcast_in_dim(sa, (tm, tn), (0,)) * lax.broadcast_in_dim(sb, (tm, tn), (1,))
-                    acc = acc + partial * scale
+                    return acc + partial * scale
+
+                if cfg.overlap:
+                    # Block j was issued into p_cur; issue block j+1 into a fresh accumulator, wait until only
+                    # it is in flight, promote block j meanwhile. Each scope nests the next (two accumulators
+                    # live at a time: p_cur is dead after its load).
+                    def blocks_from(j, p_cur, out):
+                        if j + 1 == nsub:
+                            return promote(out, C.accumulator_load(p_cur, 0, interpret), j)
+
+                        def nxt(p_next):
+                            block_mma(p_next, j + 1)
+                            partial = C.accumulator_load(p_cur, 1, interpret)
+                            return blocks_from(j + 1, p_next, promote(out, partial, j))
+
+                        return pl.run_scoped(nxt, plgpu.ACC((tm, tn), jnp.float32))
+
+                    def first(p0):
+                        block_mma(p0, 0)
+                        return blocks_from(0, p0, acc)
+
+                    return pl.run_scoped(first, plgpu.ACC((tm, tn), jnp.float32))
+                for j in range(nsub):
+
+                    def mma(p_ref):
+                        block_mma(p_ref, j)  # noqa: B023 - run_scoped traces it now
+                        plgpu.wgmma_wait(0)
+                        return p_ref[...]
+
+                    acc = promote(acc, pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32)), j)
                 return acc
 
             acc0 = C.with_layout(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA, interpret)

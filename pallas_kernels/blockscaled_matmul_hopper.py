@@ -63,6 +63,53 @@ def _tile_loop(num_tiles: int, body) -> None:
     lax.fori_loop(0, trips, loop_body, None)
 
 
+def promoted_chunk(acc: Array, a_s: Any, b_s: Any, sa_s: Any, sb_s: Any, slot: Any, *, cfg: C.HopperConfig,
+                   interpret: Any) -> Array:
+    """`acc` plus the MX blocks of one loaded K chunk (SMEM `slot` of A [tm, tk], B [tn, tk] and the f32 scales
+    [nsub, tm] / [nsub, tn]): per 32-wide block one fp8 wgmma into a fresh accumulator, promoted as
+    `acc += sa[row] * sb[col] * partial`. With `cfg.overlap` block j+1's wgmma is in flight while block j is
+    promoted (docs/KERNELS.md "Hopper MXFP8"); the sums and their order are the same. The dense and the
+    grouped kernel's K loops."""
+    tm, tn, nsub = cfg.tile_m, cfg.tile_n, cfg.tile_k // MX_BLOCK
+
+    def block_mma(p_ref, j):
+        sub = pl.ds(j * MX_BLOCK, MX_BLOCK)
+        C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)
+
+    def promote(out, partial, j):
+        sa = C.load_with_layout(sa_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(1), interpret)
+        sb = C.load_with_layout(sb_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(0), interpret)
+        return out + partial * (lax.broadcast_in_dim(sa, (tm, tn), (0,)) * lax.broadcast_in_dim(sb, (tm, tn), (1,)))
+
+    if cfg.overlap:
+        # Block j was issued into p_cur: issue block j+1 into a fresh accumulator, wait until only it is in
+        # flight, promote block j meanwhile. Each scope nests the next (p_cur is dead after its load).
+        def blocks_from(j, p_cur, out):
+            if j + 1 == nsub:
+                return promote(out, C.accumulator_load(p_cur, 0, interpret), j)
+
+            def nxt(p_next):
+                block_mma(p_next, j + 1)
+                return blocks_from(j + 1, p_next, promote(out, C.accumulator_load(p_cur, 1, interpret), j))
+
+            return pl.run_scoped(nxt, plgpu.ACC((tm, tn), jnp.float32))
+
+        def first(p0):
+            block_mma(p0, 0)
+            return blocks_from(0, p0, acc)
+
+        return pl.run_scoped(first, plgpu.ACC((tm, tn), jnp.float32))
+    for j in range(nsub):
+
+        def mma(p_ref):
+            block_mma(p_ref, j)  # noqa: B023 - run_scoped traces it now
+            plgpu.wgmma_wait(0)
+            return p_ref[...]
+
+        acc = promote(acc, pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32)), j)
+    return acc
+
+
 def _mxfp8_kernel(a_g, b_g, sa_g, sb_g, o_g, *, cfg: C.HopperConfig, m_tiles: int, n_tiles: int,
                   k_chunks: int, interpret: Any):
     tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
@@ -96,48 +143,7 @@ def _mxfp8_kernel(a_g, b_g, sa_g, sb_g, o_g, *, cfg: C.HopperConfig, m_tiles: in
                     issue(mi, ni, kc + 1, 1 - slot)
 
                 wait(slot)
-
-                def block_mma(p_ref, j):
-                    sub = pl.ds(j * MX_BLOCK, MX_BLOCK)
-                    C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)
-
-                def promote(acc, partial, j):
-                    sa = C.load_with_layout(sa_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(1),
-                                            interpret)
-                    sb = C.load_with_layout(sb_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(0),
-                                            interpret)
-                    scale = lax.broadcast_in_dim(sa, (tm, tn), (0,)) * lax.broadcast_in_dim(sb, (tm, tn), (1,))
-                    return acc + partial * scale
-
-                if cfg.overlap:
-                    # Block j was issued into p_cur; issue block j+1 into a fresh accumulator, wait until only
-                    # it is in flight, promote block j meanwhile. Each scope nests the next (two accumulators
-                    # live at a time: p_cur is dead after its load).
-                    def blocks_from(j, p_cur, out):
-                        if j + 1 == nsub:
-                            return promote(out, C.accumulator_load(p_cur, 0, interpret), j)
-
-                        def nxt(p_next):
-                            block_mma(p_next, j + 1)
-                            partial = C.accumulator_load(p_cur, 1, interpret)
-                            return blocks_from(j + 1, p_next, promote(out, partial, j))
-
-                        return pl.run_scoped(nxt, plgpu.ACC((tm, tn), jnp.float32))
-
-                    def first(p0):
-                        block_mma(p0, 0)
-                        return blocks_from(0, p0, acc)
-
-                    return pl.run_scoped(first, plgpu.ACC((tm, tn), jnp.float32))
-                for j in range(nsub):
-
-                    def mma(p_ref):
-                        block_mma(p_ref, j)  # noqa: B023 - run_scoped traces it now
-                        plgpu.wgmma_wait(0)
-                        return p_ref[...]
-
-                    acc = promote(acc, pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32)), j)
-                return acc
+                return promoted_chunk(acc, a_s, b_s, sa_s, sb_s, slot, cfg=cfg, interpret=interpret)
 
             acc0 = C.with_layout(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA, interpret)
             acc = lax.fori_loop(0, k_chunks, k_body, acc0)

@@ -37,7 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jaxtyping import Array, Float, Int
 
 from pallas_kernels import _common as C
-from pallas_kernels.blockscaled_matmul_hopper import MX_BLOCK, _tile_loop, auto_config
+from pallas_kernels.blockscaled_matmul_hopper import MX_BLOCK, _tile_loop, auto_config, promoted_chunk
 
 # Rows of the schedule table.
 _GROUP, _ROW0, _START, _SIZE = range(4)
@@ -110,22 +110,7 @@ def _grouped_kernel(sched_g, a_g, b_g, sa_g, sb_g, o_g, *, cfg: C.HopperConfig, 
 
                 for i in range(4):
                     plgpu.barrier_wait(bars.at[4 * slot + i])
-                for j in range(nsub):
-                    sub = pl.ds(j * MX_BLOCK, MX_BLOCK)
-
-                    def mma(p_ref):
-                        C.wgmma_nt(p_ref, a_s.at[slot, :, sub], b_s.at[slot, :, sub], interpret)  # noqa: B023 - run_scoped traces it now
-                        plgpu.wgmma_wait(0)
-                        return p_ref[...]
-
-                    partial = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
-                    sa = C.load_with_layout(sa_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(1),
-                                            interpret)
-                    sb = C.load_with_layout(sb_s, (slot, j, slice(None)), plgpu.Layout.WGMMA.reduce(0),
-                                            interpret)
-                    scale = lax.broadcast_in_dim(sa, (tm, tn), (0,)) * lax.broadcast_in_dim(sb, (tm, tn), (1,))
-                    acc = acc + partial * scale
-                return acc
+                return promoted_chunk(acc, a_s, b_s, sa_s, sb_s, slot, cfg=cfg, interpret=interpret)
 
             @pl.when(size > 0)
             def _run():

@@ -50,6 +50,17 @@ def test_grouped_interpret_matches_reference(t, sizes, n, k, tiles):
     assert np.all(np.abs(np.asarray(out)[:tail]).max(axis=1) > 0)  # every routed row was written
 
 
+def test_grouped_overlapped_promotion_is_bitwise_the_waited_for_kernel():
+    """HopperConfig.overlap through the grouped kernel's K loop (the dense kernel's `promoted_chunk`): ragged
+    groups, an empty one, 2 K chunks of 2 blocks."""
+    gs = jnp.array((70, 0, 40, 30), jnp.int32)
+    qa, qb = _operands(jax.random.key(5), 150, 4, 64, 128)
+    outs = [np.asarray(GM.grouped_mxfp8_matmul_from_parts(qa.values, qa.scales, qb.values, qb.scales, gs,
+                                                          config=C.HopperConfig(64, 64, 64, overlap=ov), num_sms=2,
+                                                          interpret=C.interpret_params())) for ov in (False, True)]
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
 def test_grouped_all_empty_groups_give_zeros_bf16_via_dispatch():
     gs = jnp.zeros((3,), jnp.int32)
     qa, qb = _operands(jax.random.key(5), 64, 3, 64, 64)

@@ -50,6 +50,14 @@ from horizon.quant.matmul import blockscaled_matmul_reference, grouped_blockscal
 from horizon.utils import progress, provenance  # noqa: E402
 
 DEFAULT_SHAPES = "4096x7168x16384,4096x7168x2048,4096x2048x7168"
+
+
+def roofline_tflops(fmt: str, tile_m: int = 64, tile_n: int = 128) -> float:
+    """The format's Hopper ceiling at the data sheet's clock (docs/KERNELS.md "Roofline": promotion or decode
+    overlapped with the MMA; MXFP8 with two instructions per element, NVFP4 with two per decoded element)."""
+    from pallas_kernels import roofline  # noqa: PLC0415 - the kernels package, next to the GPU imports
+    return roofline.fraction_of_fp8_peak(fmt, mode="overlapped", tile_m=tile_m, tile_n=tile_n) * \
+        roofline.HOPPER.fp8_tflops
 INTERPRET_SHAPES = "128x256x128"
 
 
@@ -212,13 +220,14 @@ def dense(bench: Bench, fmt: str, shapes, tile_ns) -> None:
                 kf = jax.jit(kernel_fn(fmt, bench, tn, ov))
                 t, first = bench.time(kf, sets)
                 err = rel_err(kf(*sets[0]), ref)
-                rec.update(seconds=t, first_call_s=first, max_err=err, tflops=fl / t / 1e12)
+                rec.update(seconds=t, first_call_s=first, max_err=err, tflops=fl / t / 1e12,
+                           of_roofline=fl / t / 1e12 / roofline_tflops(fmt, 64, tn or 128))
                 r8 = base["fp8"] / t if "fp8" in base else float("nan")
                 rd = base["deq"] / t if "deq" in base else float("nan")
                 progress.say(f"{m:>6}x{k}x{n:<6} {tag:>6} {err:>9.2e} {fl / t / 1e12:>11.1f} "
                              f"{fl / base.get('fp8', float('nan')) / 1e12:>12.1f} "
                              f"{fl / base.get('deq', float('nan')) / 1e12:>13.1f} "
-                             f"{r8:>6.2f} {rd:>6.2f} {first:>9.1f}")
+                             f"{r8:>6.2f} {rd:>6.2f} {first:>9.1f}  of roofline {rec['of_roofline']:.2f}")
                 if not np.isfinite(err) or err > 1e-2:
                     progress.say(f"  CORRECTNESS FAILURE: {fmt} {m}x{k}x{n} tile_n={tag}: max err {err}")
             except Exception as e:  # noqa: BLE001
@@ -264,13 +273,15 @@ def grouped(bench: Bench, spec: str) -> None:
             num_sms=bench.args.num_sms, interpret=bench.interp))
         ts, first = bench.time(kf, sets)
         err = rel_err(kf(*sets[0]), grouped_blockscaled_matmul_reference(*sets[0]))
-        rec.update(seconds=ts, first_call_s=first, max_err=err, tflops=fl / ts / 1e12)
+        rec.update(seconds=ts, first_call_s=first, max_err=err, tflops=fl / ts / 1e12,
+                   of_roofline=fl / ts / 1e12 / roofline_tflops("mxfp8"))
         f8 = rec.get("fp8_dense_same_flops_s", float("nan"))
         dq = rec.get("deq_bf16_grouped_s", float("nan"))
         print(f"  max_err {err:.2e}  kernel {fl / ts / 1e12:.1f} TF/s ({ts * 1e3:.2f} ms)  "
               f"dense fp8 dot of the same FLOPs {fl / f8 / 1e12:.1f} TF/s  "
               f"dequant->bf16 grouped ({rec.get('deq_bf16_grouped_impl')}) {fl / dq / 1e12:.1f} TF/s  "
-              f"ratios {f8 / ts:.2f} / {dq / ts:.2f}  compile+first {first:.1f} s", flush=True)
+              f"ratios {f8 / ts:.2f} / {dq / ts:.2f}  of roofline {rec['of_roofline']:.2f}  "
+              f"compile+first {first:.1f} s", flush=True)
         if not np.isfinite(err) or err > 1e-2:
             print(f"  CORRECTNESS FAILURE: grouped max err {err}", flush=True)
     except Exception as e:  # noqa: BLE001

@@ -121,12 +121,16 @@ def test_section_shows_the_diagnostics_an_arm_logged_and_its_parallel_call_rate(
 
 
 def test_a_line_through_points_by_hand():
-    f = fit.linear_fit([1.0, 2.0, 3.0, float("nan")], [3.0, 5.0, 7.0, 1.0], samples=200, seed=0)
+    f = fit.linear_fit([1.0, 2.0, 3.0, float("nan")], [3.0, 5.0, 7.0, 1.0])
     assert f["points"] == 3                     # the NaN point is dropped
     assert (f["slope"], f["intercept"], f["r"]) == pytest.approx((2.0, 1.0, 1.0))
-    assert (f["ci_lo"], f["ci_hi"]) == pytest.approx((2.0, 2.0))    # every resample lies on the same line
-    noisy = fit.linear_fit([1, 2, 3, 4], [1.0, 0.0, 1.0, 0.0], samples=400, seed=0)
-    assert noisy["slope"] == pytest.approx(-0.2) and noisy["ci_lo"] < -0.2 < noisy["ci_hi"]
+    assert (f["ci_lo"], f["ci_hi"]) == pytest.approx((2.0, 2.0))    # no residual: a zero-width interval
+    # x 1..4, y 1,0,1,0: slope -1/5, intercept 1, residuals .2 -.6 .6 -.2 (sum of squares .8), SE^2 = (.8/2)/5,
+    # t(2 df, 97.5%) = 4.30265
+    noisy = fit.linear_fit([1, 2, 3, 4], [1.0, 0.0, 1.0, 0.0])
+    half = 4.302653 * (0.4 / 5) ** 0.5
+    assert (noisy["slope"], noisy["intercept"]) == pytest.approx((-0.2, 1.0))
+    assert (noisy["ci_lo"], noisy["ci_hi"]) == pytest.approx((-0.2 - half, -0.2 + half), rel=1e-6)
     assert fit.linear_fit([1, 2], [1, 2])["slope"] is None                 # fewer than 3 points
     assert fit.linear_fit([1, 1, 1], [1, 2, 3])["slope"] is None           # x does not vary
 
@@ -146,6 +150,7 @@ def test_runs_from_pretraining_budgets_get_a_fit_on_their_start_loss():
     text = results_md.study_section("s", rows, None, samples=200, level=0.95, seed=0)
     line = next(ln for ln in text.splitlines() if ln.startswith("| post-RL success |"))
     assert "| -0.250 [-0.250, -0.250] |" in line and "| 1.250 |" in line and "| -1.000 |" in line and "| 5 |" in line
+    assert "t CI over runs" in text
     assert "| 0 | budget: 0 | 0 | 5.0000 |" in text        # the runs' table: seed, arm, start step, its loss
     assert not fit.has_init_loss(run("a"))               # a study without starts keeps its old section
 

@@ -167,7 +167,7 @@ def section(rows: Sequence[dict], *, samples: int, level: float, seed: int) -> s
         out += ("\n**Post-RL success against the first arm of its group** (a label's part before \": \"; "
                 "paired over seeds x tasks x passes)\n\n" + markdown_table(pairs) + "\n")
     if fit.has_init_loss(rows):         # runs started from checkpoints with a held-out loss: pretraining -> RL
-        out += fit.section(rows, samples=samples, level=level, seed=seed)
+        out += fit.section(rows, level=level)
     return out
 
 

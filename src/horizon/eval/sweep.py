@@ -55,9 +55,14 @@ def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
     return settings, [dict(r) for r in runs]
 
 
+def _safe_name(text: str) -> str:
+    """`text` as one path component: characters outside [A-Za-z0-9_.=+-] become "_", at most 120 of them."""
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "_", text)[:120]
+
+
 def run_name(i: int, overrides: dict) -> str:
     parts = [f"{k.split('.')[-1]}={v}" for k, v in overrides.items()]
-    return re.sub(r"[^A-Za-z0-9_.=+-]", "_", f"{i:02d}_" + ",".join(parts))[:120]
+    return _safe_name(f"{i:02d}_" + ",".join(parts))
 
 
 def cli_value(v) -> str:
@@ -131,7 +136,7 @@ def default_out(root: pathlib.Path, name: str, common: dict) -> pathlib.Path:
     """runs/sweeps/<NAME>, suffixed with the overrides every run gets (``+seed=1``): another seed of a sweep
     never resumes the first one's runs."""
     tail = "".join(f"+{k.split('.')[-1]}={v}" for k, v in common.items())
-    return root / "runs" / "sweeps" / re.sub(r"[^A-Za-z0-9_.=+-]", "_", name + tail)[:120]
+    return root / "runs" / "sweeps" / _safe_name(name + tail)
 
 
 def run_sweep(sweep_path: str | pathlib.Path, out: str | pathlib.Path | None = None, *, root: str | pathlib.Path,

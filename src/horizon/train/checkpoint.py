@@ -208,6 +208,13 @@ def saved_steps(directory: str | pathlib.Path) -> list[int]:
     return sorted(int(d.name) for d in path.iterdir() if d.is_dir() and d.name.isdigit()) if path.is_dir() else []
 
 
+def _reader(path: pathlib.Path) -> ocp.CheckpointManager:
+    """A read-only manager of a `Checkpointer` directory's ``state`` and ``meta`` items (the caller closes it)."""
+    return ocp.CheckpointManager(path, item_names=("state", "meta"),
+                                 item_handlers=dict(state=ocp.StandardCheckpointHandler(),
+                                                    meta=ocp.JsonCheckpointHandler()))
+
+
 def init_checkpoint_step(model_cfg) -> int:
     """The step `model.init_checkpoint` names: `model.init_step`, or with -1 the directory's newest."""
     step = int(model_cfg.get("init_step", -1))
@@ -216,9 +223,7 @@ def init_checkpoint_step(model_cfg) -> int:
 
 def restore_meta(directory: str | pathlib.Path, step: int) -> dict:
     """The JSON meta saved with `step` (e.g. ``data_step``, ``eval_loss``: `horizon.train.loop`), without its state."""
-    mngr = ocp.CheckpointManager(pathlib.Path(directory).resolve(), item_names=("state", "meta"),
-                                 item_handlers=dict(state=ocp.StandardCheckpointHandler(),
-                                                    meta=ocp.JsonCheckpointHandler()))
+    mngr = _reader(pathlib.Path(directory).resolve())
     try:
         raw = mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     finally:
@@ -237,9 +242,7 @@ def restore_params(directory: str | pathlib.Path, model_cfg, *, step: int | None
     path = pathlib.Path(directory).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint dir {path} does not exist")
-    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"),
-                                 item_handlers=dict(state=ocp.StandardCheckpointHandler(),
-                                                    meta=ocp.JsonCheckpointHandler()))
+    mngr = _reader(path)
     try:
         if step is None:
             step = latest_intact_step(path, mngr.all_steps())   # corrupt newer steps: logged, skipped
